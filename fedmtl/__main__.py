@@ -1,0 +1,5 @@
+import sys
+
+from fedmtl.cli import main
+
+sys.exit(main())

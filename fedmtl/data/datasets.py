@@ -1,0 +1,230 @@
+"""Datasets of the HC-FMTL benchmark: one registry of specs and one factory.
+
+Example::
+
+    train = build_dataset("nyud", "data", "train", tasks=("semseg", "depth"), indices=client_part)
+    val = build_dataset("nyud", "data", "val", tasks=("semseg", "depth"))
+
+``root`` is a data directory that holds ``PASCALContext/`` / ``NYUDv2/``, or the dataset
+folder itself (what ``fedmtl data synth --root`` writes). Training samples are augmented by
+default, validation samples only padded; see :mod:`fedmtl.data.transforms`.
+
+A training loop calls ``dataset.set_epoch(e)`` every epoch, or every epoch repeats the same
+augmentations. The random state of a sample depends only on (dataset seed, epoch, the
+sample's index in its split), so runs reproduce whatever the number of loader workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedmtl.data.layout import SPLITS, read_split
+from fedmtl.data.transforms import Sample, Transform, as_size, eval_transforms, train_transforms
+from fedmtl.registry import Registry
+from fedmtl.tasks import TASKS
+
+
+def check_tasks(dataset: str, tasks: Sequence[str] | None, available: Sequence[str]) -> tuple[str, ...]:
+    """Validate a task selection against a dataset's tasks; ``None`` means all of them."""
+    if tasks is None:
+        return tuple(available)
+    if isinstance(tasks, str):
+        tasks = (tasks,)
+    tasks = tuple(tasks)
+    if not tasks:
+        raise ValueError(f"no task requested for {dataset}; its tasks: {', '.join(available)}")
+    for task in tasks:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; {dataset} has the tasks: {', '.join(available)}")
+        if task not in available:
+            raise ValueError(f"{dataset} has no task {task!r}; its tasks: {', '.join(available)}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"task listed twice in {tasks}")
+    return tasks
+
+
+class DenseDataset(torch.utils.data.Dataset):
+    """Common machinery of the dense-prediction datasets: split, subset, file checks, RNG.
+
+    A subclass sets the class attributes, ``_files`` (the files one image needs for the
+    requested tasks) and ``_load`` (the raw sample, before transforms).
+    """
+
+    name: ClassVar[str]  # registry name, e.g. "nyud"
+    title: ClassVar[str]  # for messages, e.g. "NYUD-v2"
+    tasks_available: ClassVar[tuple[str, ...]]
+    tree: ClassVar[str]  # expected layout, printed when something is missing
+    layout_class: ClassVar[type]  # fedmtl.data.layout class: file names of the dataset
+
+    def __init__(
+        self,
+        root: str | Path,
+        split: str = "train",
+        tasks: Sequence[str] | None = None,
+        transform: Transform | None = None,
+        indices: Sequence[int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        self.root = Path(root)
+        self.split = split
+        self.tasks = check_tasks(self.name, tasks, self.tasks_available)
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+        if not self.root.is_dir():
+            raise self.missing(f"{self.title} root directory", self.root)
+        self.layout = self.layout_class(self.root)
+        split_file = self.layout.split_file(split)
+        if not split_file.is_file():
+            raise self.missing(f"{self.title} {split} split file", split_file)
+        split_ids = read_split(split_file)
+        self._check_files(split_ids)
+        if indices is None:
+            positions = list(range(len(split_ids)))
+        else:
+            positions = [int(i) for i in indices]
+            bad = [i for i in positions if not 0 <= i < len(split_ids)]
+            if bad:
+                raise IndexError(
+                    f"indices {bad[:5]} out of range for the {len(split_ids)} {split} images of {self.name}"
+                )
+        self._prepare()
+        positions = [i for i in positions if self._keep(split_ids[i])]
+        self.split_indices = positions  # index in the split file, of every sample
+        self.ids = [split_ids[i] for i in positions]
+
+    # --- subclass hooks
+
+    def _prepare(self) -> None:
+        """Read what the requested tasks need once, after the files were checked."""
+
+    def _keep(self, image_id: str) -> bool:
+        """Whether an image of the selection is used (applied after ``indices``)."""
+        return True
+
+    def _meta_files(self) -> list[Path]:
+        """Files needed once (not per image) for the requested tasks."""
+        return []
+
+    def _files(self, image_id: str) -> Iterator[tuple[str, tuple[Path, ...]]]:
+        """Per required file: what it is ("image", "sal label") and the paths it may be found
+        at (the first existing one is used)."""
+        raise NotImplementedError
+
+    def _load(self, image_id: str) -> Sample:
+        raise NotImplementedError
+
+    # --- errors and checks
+
+    def missing(self, what: str, path: Path, more: str = "") -> FileNotFoundError:
+        return FileNotFoundError(
+            f"{what} not found: {path}{more}\n"
+            f"Expected layout:\n{self.tree}\n"
+            f"To generate a small synthetic dataset in this layout: "
+            f"fedmtl data synth --dataset {self.name} --root {self.root}"
+        )
+
+    def _check_files(self, ids: Sequence[str]) -> None:
+        for path in self._meta_files():
+            if not path.is_file():
+                raise self.missing(f"{self.title} metadata file", path)
+        missing = [
+            (what, candidates[0])
+            for i in ids
+            for what, candidates in self._files(i)
+            if not any(p.is_file() for p in candidates)
+        ]
+        if missing:
+            what, path = missing[0]
+            more = f" (and {len(missing) - 1} more missing files)" if len(missing) > 1 else ""
+            raise self.missing(f"{self.title} {self.split} {what}", path, more)
+
+    # --- Dataset protocol
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the augmentations of epoch ``epoch`` (like DistributedSampler.set_epoch)."""
+        self.epoch = int(epoch)
+
+    def rng(self, index: int) -> np.random.Generator:
+        """Random state of sample ``index``: depends on (seed, epoch, its index in the split) only."""
+        return np.random.default_rng((self.seed, self.epoch, self.split_indices[index]))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> Sample:
+        image_id = self.ids[index]
+        sample = self._load(image_id)
+        height, width = sample["image"].shape[:2]
+        if self.transform is not None:
+            sample = self.transform(sample, self.rng(index))
+        sample["meta"] = {"id": image_id, "index": self.split_indices[index], "size": (height, width)}
+        return sample
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(root={str(self.root)!r}, split={self.split!r}, tasks={self.tasks}, n={len(self)})"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What the rest of fedmtl needs to know about a dataset, besides its files."""
+
+    name: str
+    dataset_class: type[DenseDataset]
+    tasks: tuple[str, ...]
+    train_size: tuple[int, int]  # paper's training crop (and evaluation padding), (H, W)
+    root_folder: str  # folder name under the data directory
+
+    def split_file(self, root: str | Path, split: str) -> Path:
+        """The split list of this dataset under a data directory (or the dataset folder)."""
+        return self.dataset_class.layout_class(dataset_root(self, root)).split_file(split)
+
+
+DATASETS = Registry[DatasetSpec]("dataset")
+
+
+def dataset_root(spec: DatasetSpec, root: str | Path) -> Path:
+    """``root`` is a data directory holding ``spec.root_folder``, or the dataset folder itself."""
+    root = Path(root)
+    return root / spec.root_folder if (root / spec.root_folder).is_dir() else root
+
+
+def build_dataset(
+    name: str,
+    root: str | Path,
+    split: str = "train",
+    tasks: Sequence[str] | None = None,
+    train_size: int | Sequence[int] | None = None,
+    augment: bool | None = None,
+    indices: Sequence[int] | None = None,
+    seed: int = 0,
+) -> DenseDataset:
+    """A dataset with the transforms of the public code.
+
+    train_size: training crop and evaluation padding, (H, W) or an int; default the paper's
+        (PASCAL-Context 512x512, NYUD-v2 448x576; the public code uses the same for both).
+    augment: training augmentation (default: for the train split only); otherwise the
+        evaluation transform (normalise and pad to ``train_size``).
+    indices: a subset of the split, e.g. one client's partition.
+    seed: augmentation seed (per sample and epoch, see ``DenseDataset.rng``).
+    """
+    spec = DATASETS.get(name)
+    size = as_size(train_size) if train_size is not None else spec.train_size
+    if augment is None:
+        augment = split == "train"
+    transform = train_transforms(size) if augment else eval_transforms(size)
+    return spec.dataset_class(
+        dataset_root(spec, root), split=split, tasks=tasks, transform=transform, indices=indices, seed=seed
+    )
+
+
+# The concrete datasets subclass DenseDataset above and register their specs on import.
+from fedmtl.data import nyud, pascal_context  # noqa: E402, F401

@@ -1,0 +1,284 @@
+"""The on-disk layouts of PASCAL-Context and NYUD-v2, as the public releases ship them.
+
+This module is the single place that knows file names and encodings. The dataset classes
+read through it and the synthetic-data generator writes through it, so generated data is
+read by exactly the code that reads the real data.
+
+PASCAL-Context (``PASCALContext/``)::
+
+    JPEGImages/<id>.jpg                      RGB image
+    ImageSets/Context/{train,val}.txt        one id per line
+    semseg/VOC12/<id>.png                    21-class labels, 255 = ignore
+    semseg/pascal-context/<id>.png           (fallback location of the same)
+    human_parts/<id>.mat                     PASCAL-Part annotation struct ``anno``
+    sal_distill/<id>.png                     saliency, 0..255 (foreground > 127)
+    normals_distill/<id>.png                 normals, RGB = (n + 1) / 2 * 255
+    pascal-context/trainval/<id>.mat         ``LabelMap``: context class per pixel
+    json/{pascal_part,nyu_classes,context_classes}.json
+
+NYUD-v2 (``NYUDv2/``)::
+
+    images/<id>.png                          RGB image
+    gt_sets/{train,val}.txt                  one id per line
+    segmentation/<id>.png                    40 classes stored as label + 1, 0 = unlabelled
+    edge/<id>.png                            boundaries, 0 or 255
+    normals/<id>.png                         normals, RGB = (n + 1) / 2 * 255
+    depth/<id>.npy                           float depth in metres
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.io
+from PIL import Image
+
+SPLITS = ("train", "val")
+
+# Layout description printed in "dataset not found / incomplete" errors.
+PASCAL_CONTEXT_TREE = """PASCALContext/
+  JPEGImages/<id>.jpg
+  ImageSets/Context/{train,val}.txt
+  semseg/VOC12/<id>.png  (or semseg/pascal-context/<id>.png)
+  human_parts/<id>.mat
+  sal_distill/<id>.png
+  normals_distill/<id>.png
+  pascal-context/trainval/<id>.mat
+  json/{pascal_part,nyu_classes,context_classes}.json"""
+
+NYUD_TREE = """NYUDv2/
+  images/<id>.png
+  gt_sets/{train,val}.txt
+  segmentation/<id>.png
+  edge/<id>.png
+  normals/<id>.png
+  depth/<id>.npy"""
+
+
+def encode_normals(normals: np.ndarray) -> np.ndarray:
+    """Unit normals in [-1, 1], [H, W, 3] -> uint8 RGB as the releases store them."""
+    return np.clip(np.rint((normals + 1.0) * 127.5), 0, 255).astype(np.uint8)
+
+
+def decode_normals(rgb: np.ndarray) -> np.ndarray:
+    """uint8 RGB -> float32 normals in [-1, 1] (2x/255 - 1, as the public loaders do)."""
+    return (2.0 * rgb.astype(np.float32) / 255.0 - 1.0).astype(np.float32)
+
+
+def read_split(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_split(path: Path, ids: Sequence[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{i}\n" for i in ids))
+
+
+def _save_png(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, compress_level=1)
+
+
+# --------------------------------------------------------------------------- PASCAL-Context
+
+
+@dataclass(frozen=True)
+class PartAnnotation:
+    """One object of a PASCAL-Part annotation: its VOC class, mask and named part masks."""
+
+    class_name: str
+    class_ind: int  # VOC class index; 15 = person
+    mask: np.ndarray  # [H, W] bool
+    parts: dict[str, np.ndarray] = field(default_factory=dict)  # part name -> [H, W] bool
+
+
+@dataclass(frozen=True)
+class PascalContextLayout:
+    root: Path
+
+    def split_file(self, split: str) -> Path:
+        return self.root / "ImageSets" / "Context" / f"{split}.txt"
+
+    def image(self, i: str) -> Path:
+        return self.root / "JPEGImages" / f"{i}.jpg"
+
+    def semseg_candidates(self, i: str) -> tuple[Path, Path]:
+        return (
+            self.root / "semseg" / "VOC12" / f"{i}.png",
+            self.root / "semseg" / "pascal-context" / f"{i}.png",
+        )
+
+    def human_parts(self, i: str) -> Path:
+        return self.root / "human_parts" / f"{i}.mat"
+
+    def sal(self, i: str) -> Path:
+        return self.root / "sal_distill" / f"{i}.png"
+
+    def normals(self, i: str) -> Path:
+        return self.root / "normals_distill" / f"{i}.png"
+
+    def label_map(self, i: str) -> Path:
+        return self.root / "pascal-context" / "trainval" / f"{i}.mat"
+
+    def json(self, name: str) -> Path:
+        return self.root / "json" / f"{name}.json"
+
+    # --- writers (used by the synthetic generator and by tests)
+
+    def write_meta(
+        self,
+        splits: dict[str, Sequence[str]],
+        context_classes: dict[str, int],
+        nyu_classes: dict[str, int],
+        pascal_part: dict[str, object],
+    ) -> None:
+        for split, ids in splits.items():
+            write_split(self.split_file(split), ids)
+        for name, content in (
+            ("context_classes", context_classes),
+            ("nyu_classes", nyu_classes),
+            ("pascal_part", pascal_part),
+        ):
+            path = self.json(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(content, indent=1))
+
+    def write_sample(
+        self,
+        i: str,
+        image: np.ndarray,
+        semseg: np.ndarray,
+        label_map: np.ndarray,
+        parts: Sequence[PartAnnotation],
+        sal: np.ndarray,
+        normals: np.ndarray,
+        semseg_dir: str = "VOC12",
+    ) -> None:
+        """Write every label file of one image.
+
+        image [H,W,3] uint8; semseg [H,W] uint8 (0..20, 255); label_map [H,W] int context
+        class ids; sal [H,W] uint8 0..255; normals [H,W,3] float in [-1, 1].
+        """
+        path = self.image(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(path, quality=95)
+        _save_png(self.root / "semseg" / semseg_dir / f"{i}.png", semseg.astype(np.uint8))
+        _save_png(self.sal(i), sal.astype(np.uint8))
+        _save_png(self.normals(i), encode_normals(normals))
+        _save_mat(self.label_map(i), {"LabelMap": label_map.astype(np.uint16)})
+        _save_mat(self.human_parts(i), {"anno": _part_struct(i, parts)})
+
+
+# scipy stamps the creation time into the 116-byte text of a MAT-file header; a fixed text
+# makes the same content the same bytes (reproducible generated datasets).
+_MAT_HEADER_TEXT = b"MATLAB 5.0 MAT-file, written by fedmtl".ljust(116, b" ")
+
+
+def _save_mat(path: Path, content: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    scipy.io.savemat(buffer, content, do_compression=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_MAT_HEADER_TEXT + buffer.getvalue()[len(_MAT_HEADER_TEXT) :])
+
+
+def _part_struct(image_id: str, objects: Sequence[PartAnnotation]) -> np.ndarray:
+    """The MATLAB struct of PASCAL-Part: anno.imname, anno.objects(class, class_ind, mask,
+    parts(part_name, mask)); an object without parts has an empty 0x0 ``parts``."""
+    obj_array = np.zeros((1, len(objects)), dtype=[(n, "O") for n in ("class", "class_ind", "mask", "parts")])
+    for j, obj in enumerate(objects):
+        if obj.parts:
+            parts = np.zeros((1, len(obj.parts)), dtype=[("part_name", "O"), ("mask", "O")])
+            for k, (name, mask) in enumerate(obj.parts.items()):
+                parts[0, k] = (name, mask.astype(np.uint8))
+        else:
+            parts = np.zeros((0, 0))
+        obj_array[0, j] = (
+            obj.class_name,
+            np.array([[obj.class_ind]], dtype=np.uint8),
+            obj.mask.astype(np.uint8),
+            parts,
+        )
+    anno = np.zeros((1, 1), dtype=[("imname", "O"), ("objects", "O")])
+    anno[0, 0] = (image_id, obj_array)
+    return anno
+
+
+def read_label_map(path: Path) -> np.ndarray:
+    """Read ``pascal-context/trainval/<id>.mat``: the context class of every pixel, [H, W]."""
+    return scipy.io.loadmat(path)["LabelMap"]
+
+
+def read_part_annotations(path: Path) -> list[PartAnnotation]:
+    """Read a PASCAL-Part ``.mat`` (real or generated) into :class:`PartAnnotation` objects."""
+    anno = scipy.io.loadmat(path)["anno"][0, 0]
+    objects = anno["objects"]
+    result = []
+    for obj in objects.reshape(-1):
+        parts_field = obj["parts"]
+        parts = {}
+        if parts_field.size:
+            for part in parts_field.reshape(-1):
+                parts[str(part["part_name"].reshape(-1)[0])] = part["mask"].astype(bool)
+        result.append(
+            PartAnnotation(
+                class_name=str(obj["class"].reshape(-1)[0]),
+                class_ind=int(obj["class_ind"].reshape(-1)[0]),
+                mask=obj["mask"].astype(bool),
+                parts=parts,
+            )
+        )
+    return result
+
+
+# --------------------------------------------------------------------------- NYUD-v2
+
+
+@dataclass(frozen=True)
+class NYUDLayout:
+    root: Path
+
+    def split_file(self, split: str) -> Path:
+        return self.root / "gt_sets" / f"{split}.txt"
+
+    def image(self, i: str) -> Path:
+        return self.root / "images" / f"{i}.png"
+
+    def semseg(self, i: str) -> Path:
+        return self.root / "segmentation" / f"{i}.png"
+
+    def edge(self, i: str) -> Path:
+        return self.root / "edge" / f"{i}.png"
+
+    def normals(self, i: str) -> Path:
+        return self.root / "normals" / f"{i}.png"
+
+    def depth(self, i: str) -> Path:
+        return self.root / "depth" / f"{i}.npy"
+
+    def write_meta(self, splits: dict[str, Sequence[str]]) -> None:
+        for split, ids in splits.items():
+            write_split(self.split_file(split), ids)
+
+    def write_sample(
+        self,
+        i: str,
+        image: np.ndarray,
+        semseg: np.ndarray,
+        edge: np.ndarray,
+        normals: np.ndarray,
+        depth: np.ndarray,
+    ) -> None:
+        """image [H,W,3] uint8; semseg [H,W] 0..39 or 255 (stored as label + 1, 0 = unlabelled);
+        edge [H,W] bool; normals [H,W,3] in [-1, 1]; depth [H,W] metres (0 = missing)."""
+        _save_png(self.image(i), image)
+        stored = np.where(semseg == 255, 0, semseg.astype(np.int32) + 1).astype(np.uint8)
+        _save_png(self.semseg(i), stored)
+        _save_png(self.edge(i), (edge.astype(np.uint8) * 255))
+        _save_png(self.normals(i), encode_normals(normals))
+        self.depth(i).parent.mkdir(parents=True, exist_ok=True)
+        np.save(self.depth(i), depth.astype(np.float32))

@@ -1,0 +1,74 @@
+"""NYUD-v2 for multi-task learning: semseg, normals, edge, depth.
+
+Labels are read as the public FedHCA² loader reads them (``datasets/nyud.py``): semseg png
+minus 1 with unlabelled (0) -> 255, 40 classes; normals png decoded to [-1, 1]; edge png / 255;
+depth in metres from ``.npy`` (0 = no measurement, ignored by the transforms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from fedmtl.data.datasets import DATASETS, DatasetSpec, DenseDataset
+from fedmtl.data.layout import NYUD_TREE, NYUDLayout, decode_normals
+from fedmtl.data.transforms import IGNORE, Sample
+
+
+class NYUD(DenseDataset):
+    name = "nyud"
+    title = "NYUD-v2"
+    tasks_available = ("semseg", "normals", "edge", "depth")
+    tree = NYUD_TREE
+
+    layout_class = NYUDLayout
+
+    def _files(self, image_id: str) -> Iterator[tuple[str, tuple[Path, ...]]]:
+        layout = self.layout
+        label_file = {
+            "semseg": layout.semseg,
+            "normals": layout.normals,
+            "edge": layout.edge,
+            "depth": layout.depth,
+        }
+        yield "image", (layout.image(image_id),)
+        for task in self.tasks:
+            yield f"{task} label", (label_file[task](image_id),)
+
+    def _load(self, image_id: str) -> Sample:
+        layout = self.layout
+        image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
+        sample: Sample = {"image": image}
+        if "semseg" in self.tasks:
+            semseg = np.asarray(Image.open(layout.semseg(image_id)), dtype=np.float32) - 1.0
+            semseg[semseg == -1] = IGNORE
+            sample["semseg"] = semseg
+        if "normals" in self.tasks:
+            sample["normals"] = decode_normals(
+                np.asarray(Image.open(layout.normals(image_id)).convert("RGB"))
+            )
+        if "edge" in self.tasks:
+            sample["edge"] = np.asarray(Image.open(layout.edge(image_id)), dtype=np.float32) / 255.0
+        if "depth" in self.tasks:
+            sample["depth"] = np.load(layout.depth(image_id)).astype(np.float32)
+        for task in self.tasks:
+            if sample[task].shape[:2] != image.shape[:2]:
+                raise ValueError(
+                    f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {image.shape[:2]}"
+                )
+        return sample
+
+
+DATASETS.add(
+    NYUD.name,
+    DatasetSpec(
+        name=NYUD.name,
+        dataset_class=NYUD,
+        tasks=NYUD.tasks_available,
+        train_size=(448, 576),
+        root_folder="NYUDv2",
+    ),
+)

@@ -1,0 +1,203 @@
+"""PASCAL-Context for multi-task learning: semseg, human_parts, sal, normals, edge.
+
+Labels are read as the public FedHCA² loader reads them (``datasets/pascal_context.py``):
+
+- semseg: the 21-class png as stored (255 = ignore);
+- human_parts: PASCAL-Part person parts folded into 6 labels (:data:`HUMAN_PARTS`), 0 elsewhere;
+  an image without a person (or whose people have no part annotation) has no label: all 255;
+- sal: distilled saliency png / 255 > 0.5;
+- normals: distilled normals decoded to [-1, 1], kept only on context classes that NYUD also
+  has (where the teacher network was trained), 255 elsewhere;
+- edge: boundaries of the context LabelMap (4-neighbour Laplacian != 0), thinned.
+
+A dataset whose only task is human_parts drops the images without a person (after ``indices``),
+as the public code does, so a single-task parts client trains only on images with people.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+from skimage.morphology import thin
+
+from fedmtl.data.datasets import DATASETS, DatasetSpec, DenseDataset
+from fedmtl.data.layout import (
+    PASCAL_CONTEXT_TREE,
+    PartAnnotation,
+    PascalContextLayout,
+    decode_normals,
+    read_label_map,
+    read_part_annotations,
+)
+from fedmtl.data.transforms import IGNORE, Sample
+
+PERSON_CLASS = 15  # VOC class index of "person" in PASCAL-Part
+
+# PASCAL-Part person part -> human_parts label (1 head, 2 torso, 3 upper arms,
+# 4 lower arms and hands, 5 upper legs, 6 lower legs and feet), as in the public code.
+HUMAN_PARTS = {
+    "hair": 1,
+    "head": 1,
+    "lear": 1,
+    "lebrow": 1,
+    "leye": 1,
+    "mouth": 1,
+    "nose": 1,
+    "rear": 1,
+    "rebrow": 1,
+    "reye": 1,
+    "neck": 2,
+    "torso": 2,
+    "luarm": 3,
+    "ruarm": 3,
+    "lhand": 4,
+    "llarm": 4,
+    "rhand": 4,
+    "rlarm": 4,
+    "luleg": 5,
+    "ruleg": 5,
+    "lfoot": 6,
+    "llleg": 6,
+    "rfoot": 6,
+    "rlleg": 6,
+}
+
+# Same kernel as cv2.Laplacian(ksize=1); mode="mirror" is OpenCV's default reflect-101 border.
+_LAPLACIAN = np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], dtype=np.int32)
+
+# part annotation file (path, mtime) -> whether the image shows a person. In memory only:
+# the public code writes this index into the dataset root; we never write there.
+_HAS_PERSON: dict[tuple[str, int], bool] = {}
+
+
+def _is_person(obj: PartAnnotation) -> bool:
+    return obj.class_ind == PERSON_CLASS and bool(obj.mask.any())
+
+
+def has_person(path: Path) -> bool:
+    """Whether a PASCAL-Part annotation holds a person with a non-empty mask (cached)."""
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _HAS_PERSON:
+        _HAS_PERSON[key] = any(_is_person(obj) for obj in read_part_annotations(path))
+    return _HAS_PERSON[key]
+
+
+def human_parts_label(
+    objects: list[PartAnnotation], shape: tuple[int, int], source: Path | str = ""
+) -> np.ndarray:
+    """6-part label map of the people in an image; all 255 when it has no part label."""
+    target = np.zeros(shape, dtype=np.float32)
+    if not any(_is_person(obj) for obj in objects):
+        return np.full(shape, IGNORE, dtype=np.float32)
+    for obj in objects:  # later people overwrite earlier ones where they overlap
+        if obj.class_ind != PERSON_CLASS:
+            continue
+        for part, mask in obj.parts.items():
+            if part not in HUMAN_PARTS:
+                raise ValueError(
+                    f"unknown person part {part!r} in {source}; known: {', '.join(sorted(HUMAN_PARTS))}"
+                )
+            target[mask] = HUMAN_PARTS[part]
+    if not target.any():  # people without part annotations: the public code ignores them too
+        return np.full(shape, IGNORE, dtype=np.float32)
+    return target
+
+
+def label_boundaries(label_map: np.ndarray) -> np.ndarray:
+    """Edges of a label map: pixels whose 4-neighbour Laplacian is non-zero, thinned; {0, 1}."""
+    laplacian = ndimage.convolve(label_map.astype(np.int32), _LAPLACIAN, mode="mirror")
+    return thin(laplacian != 0).astype(np.float32)
+
+
+def normals_valid_classes(nyu_classes: object, context_classes: dict[str, int]) -> np.ndarray:
+    """Context class ids on which the distilled normals are valid: the NYU classes that
+    PASCAL-Context also has, without 'unknown', plus 'tvmonitor' (named differently in NYU)."""
+    valid = [context_classes[name] for name in nyu_classes if name in context_classes and name != "unknown"]
+    if "tvmonitor" in context_classes:
+        valid.append(context_classes["tvmonitor"])
+    return np.asarray(sorted(set(valid)), dtype=np.int64)
+
+
+class PascalContext(DenseDataset):
+    name = "pascal_context"
+    title = "PASCAL-Context"
+    tasks_available = ("semseg", "human_parts", "sal", "normals", "edge")
+    tree = PASCAL_CONTEXT_TREE
+
+    def _prepare(self) -> None:
+        if "normals" in self.tasks:
+            nyu = json.loads(self.layout.json("nyu_classes").read_text())
+            context = json.loads(self.layout.json("context_classes").read_text())
+            self.normals_classes = normals_valid_classes(nyu, context)
+
+    def _keep(self, image_id: str) -> bool:
+        return self.tasks != ("human_parts",) or has_person(self.layout.human_parts(image_id))
+
+    layout_class = PascalContextLayout
+
+    def _meta_files(self) -> list[Path]:
+        if "normals" in self.tasks:
+            return [self.layout.json("nyu_classes"), self.layout.json("context_classes")]
+        return []
+
+    def _files(self, image_id: str) -> Iterator[tuple[str, tuple[Path, ...]]]:
+        layout = self.layout
+        yield "image", (layout.image(image_id),)
+        if "semseg" in self.tasks:
+            yield "semseg label", layout.semseg_candidates(image_id)
+        if "human_parts" in self.tasks:
+            yield "human_parts label", (layout.human_parts(image_id),)
+        if "sal" in self.tasks:
+            yield "sal label", (layout.sal(image_id),)
+        if "normals" in self.tasks:
+            yield "normals label", (layout.normals(image_id),)
+        if "normals" in self.tasks or "edge" in self.tasks:
+            yield "LabelMap (for edge / normals)", (layout.label_map(image_id),)
+
+    def _load(self, image_id: str) -> Sample:
+        layout = self.layout
+        image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
+        shape = image.shape[:2]
+        sample: Sample = {"image": image}
+        label_map = None
+        if "normals" in self.tasks or "edge" in self.tasks:
+            label_map = read_label_map(layout.label_map(image_id))
+        if "semseg" in self.tasks:
+            path = next(p for p in layout.semseg_candidates(image_id) if p.is_file())
+            sample["semseg"] = np.asarray(Image.open(path), dtype=np.float32)
+        if "human_parts" in self.tasks:
+            path = layout.human_parts(image_id)
+            sample["human_parts"] = human_parts_label(read_part_annotations(path), shape, path)
+        if "sal" in self.tasks:
+            sample["sal"] = (
+                np.asarray(Image.open(layout.sal(image_id)), dtype=np.float32) / 255.0 > 0.5
+            ).astype(np.float32)
+        if "normals" in self.tasks:
+            normals = decode_normals(np.asarray(Image.open(layout.normals(image_id)).convert("RGB")))
+            # The public code writes 0 here and turns zero-length normals into 255 later
+            # (AddIgnoreRegions); we mark them 255 at once: 255 = ignore everywhere.
+            normals[~np.isin(label_map, self.normals_classes)] = IGNORE
+            sample["normals"] = normals
+        if "edge" in self.tasks:
+            sample["edge"] = label_boundaries(label_map)
+        for task in self.tasks:
+            if sample[task].shape[:2] != shape:
+                raise ValueError(f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {shape}")
+        return sample
+
+
+DATASETS.add(
+    PascalContext.name,
+    DatasetSpec(
+        name=PascalContext.name,
+        dataset_class=PascalContext,
+        tasks=PascalContext.tasks_available,
+        train_size=(512, 512),
+        root_folder="PASCALContext",
+    ),
+)

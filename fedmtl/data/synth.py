@@ -1,0 +1,302 @@
+"""Synthetic PASCAL-Context and NYUD-v2: rendered 3-D scenes written in the real layouts.
+
+    from fedmtl.data.synth import generate
+    generate("pascal_context", "data/PASCALContext", num_train=500, num_val=200, size=(96, 96))
+    generate("nyud", "data/NYUDv2")
+
+or ``fedmtl data synth --dataset nyud --root data/NYUDv2``. The files go through
+:mod:`fedmtl.data.layout`, so the dataset classes read them exactly as they read the real data.
+
+Every image is a ray-cast scene (:mod:`~fedmtl.data.synth_scenes`,
+:mod:`~fedmtl.data.synth_render`) and every label is read off the same scene, so the tasks
+agree with each other and with the image:
+
+* semseg: the class of the object hit by each pixel's ray (VOC-21 / NYU-40);
+* edges: boundaries between objects (NYUD: 2 px, one on each side; PASCAL: the loader takes
+  the boundaries of the context ``LabelMap``, whose classes are per object);
+* normals: of the surface hit, in camera coordinates: x right, y up, z toward the camera,
+  unit length, n . ray < 0; the sky gets (0, 0, 1), which the loader masks out anyway;
+* depth (NYUD): planar depth in metres, with Kinect-like holes (0) beside near objects and on glass;
+* saliency (PASCAL): the nearest VOC objects and the largest one, 0/255;
+* human parts (PASCAL): people are articulated figures whose shapes carry PASCAL-Part part
+  names; about 40 % of the images have nobody in them, and so no human-parts label.
+
+The same seed gives the same files byte for byte: image k of a split draws from its own
+random stream, SeedSequence([seed, dataset, split, k]), whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
+from fedmtl.data.synth_render import Rendering, render
+from fedmtl.data.synth_scenes import (
+    CONTEXT_CLASSES,
+    NYU_CLASSES,
+    VOC_CLASSES,
+    nyud_scene,
+    pascal_scene,
+)
+from fedmtl.registry import Registry
+
+IGNORE = 255
+VOC_VOID_BAND = 0.5  # share of PASCAL images whose semseg has VOC's void band around objects
+PASCAL_CONTEXT_SEMSEG = 0.15  # share of PASCAL semseg pngs written to the fallback folder
+NYUD_UNLABELLED_EDGES = 0.3  # share of NYUD images whose object boundaries are left unlabelled
+
+
+def boundaries(ids: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+    """Pixels with a 4-neighbour of another id (both sides of every boundary: 2 px thick);
+    with ``where``, only boundaries that touch a pixel where ``where`` is true."""
+    out = np.zeros(ids.shape, dtype=bool)
+    for a, b in ((np.s_[:, :-1], np.s_[:, 1:]), (np.s_[:-1, :], np.s_[1:, :])):
+        differ = ids[a] != ids[b]
+        if where is not None:
+            differ &= where[a] | where[b]
+        out[a] |= differ
+        out[b] |= differ
+    return out
+
+
+def _areas(rendering: Rendering, count: int) -> np.ndarray:
+    return np.bincount(rendering.object_id.ravel() + 1, minlength=count + 1)[1:]
+
+
+# --------------------------------------------------------------------------- PASCAL-Context
+
+
+@dataclass(frozen=True)
+class PascalSample:
+    rendering: Rendering
+    semseg: np.ndarray  # [H, W] uint8, VOC 0..20, 255 = void
+    label_map: np.ndarray  # [H, W] context class ids (CONTEXT_CLASSES)
+    parts: list[PartAnnotation]  # one per visible VOC object; people carry their parts
+    sal: np.ndarray  # [H, W] uint8, 0 or 255
+    semseg_dir: str  # "VOC12" or the fallback "pascal-context"
+
+
+def pascal_sample(rng: np.random.Generator, size: tuple[int, int]) -> PascalSample:
+    scene = pascal_scene(rng, size)
+    r = render(scene, rng)
+    objects = scene.objects
+    # object id -1 (the sky) indexes the last entry of these lookup tables
+    voc = np.array([o.label for o in objects] + [0], dtype=np.uint8)
+    context = np.array([CONTEXT_CLASSES.index(o.context) for o in objects] + [CONTEXT_CLASSES.index("sky")])
+    semseg = voc[r.object_id]
+    label_map = context[r.object_id].astype(np.uint16)
+    if rng.random() < VOC_VOID_BAND:
+        semseg[boundaries(r.object_id, where=semseg > 0)] = IGNORE
+
+    areas = _areas(r, len(objects))
+    things = [k for k, o in enumerate(objects) if o.label > 0 and areas[k] > 0]
+    parts = []
+    for k in things:
+        mask = r.object_id == k
+        person_parts = {}
+        if objects[k].name == "person":
+            for j, name in enumerate(r.part_names):
+                if (part := mask & (r.part == j)).any():
+                    person_parts[name] = part
+        parts.append(PartAnnotation(objects[k].name, objects[k].label, mask, person_parts))
+
+    # Salient: the nearest of the objects that are not tiny, those about as near, the largest.
+    salient: set[int] = set()
+    big = [k for k in things if areas[k] >= 0.005 * r.object_id.size]
+    if big:
+        distance = {k: float(np.median(r.depth[r.object_id == k])) for k in big}
+        nearest = min(distance.values())
+        salient = {k for k in big if distance[k] <= 1.5 * nearest} | {max(big, key=lambda k: areas[k])}
+    sal = np.isin(r.object_id, sorted(salient)).astype(np.uint8) * 255
+
+    semseg_dir = "pascal-context" if rng.random() < PASCAL_CONTEXT_SEMSEG else "VOC12"
+    return PascalSample(r, semseg, label_map, parts, sal, semseg_dir)
+
+
+def _pascal_id(split: str, index: int) -> str:
+    """Like 2008_000123; train and val never share an id (even / odd numbers)."""
+    return f"{2008 + index % 4}_{2 * (index // 4) + SPLITS.index(split):06d}"
+
+
+def _pascal_part_json() -> dict[str, dict[str, int]]:
+    """PASCAL-Part's category -> part -> id map; the loader's own 6-part map for people."""
+    parts = {
+        "aeroplane": "body stern lwing rwing tail engine wheel",
+        "bicycle": "fwheel bwheel saddle handlebar chainwheel headlight",
+        "bird": "head leye reye beak torso neck lwing rwing lleg lfoot rleg rfoot tail",
+        "bottle": "cap body",
+        "bus": "frontside leftside rightside backside roofside leftmirror rightmirror fliplate bliplate door wheel headlight window",
+        "car": "frontside leftside rightside backside roofside leftmirror rightmirror fliplate bliplate door wheel headlight window",
+        "cat": "head leye reye lear rear nose torso neck lfleg lfpa rfleg rfpa lbleg lbpa rbleg rbpa tail",
+        "cow": "head leye reye lear rear muzzle lhorn rhorn torso neck lfuleg lflleg rfuleg rflleg lbuleg lblleg rbuleg rblleg tail",
+        "dog": "head leye reye lear rear nose muzzle torso neck lfleg lfpa rfleg rfpa lbleg lbpa rbleg rbpa tail",
+        "horse": "head leye reye lear rear muzzle lfho rfho lbho rbho torso neck lfuleg lflleg rfuleg rflleg lbuleg lblleg rbuleg rblleg tail",
+        "motorbike": "fwheel bwheel handlebar saddle headlight",
+        "pottedplant": "pot plant",
+        "sheep": "head leye reye lear rear muzzle lhorn rhorn torso neck lfuleg lflleg rfuleg rflleg lbuleg lblleg rbuleg rblleg tail",
+        "train": "head hfrontside hleftside hrightside hbackside hroofside headlight coach cfrontside cleftside crightside cbackside croofside",
+        "tvmonitor": "screen",
+    }
+    person = {"head": 1, "hair": 1, "neck": 2, "torso": 2, "luarm": 3, "ruarm": 3, "llarm": 4, "rlarm": 4}
+    person |= {"lhand": 4, "rhand": 4, "luleg": 5, "ruleg": 5, "llleg": 6, "rlleg": 6, "lfoot": 6, "rfoot": 6}
+    table = {str(k): {} for k in range(1, len(VOC_CLASSES))}
+    for name, names in parts.items():
+        table[str(VOC_CLASSES.index(name))] = {p: i + 1 for i, p in enumerate(names.split())}
+    table[str(VOC_CLASSES.index("person"))] = person
+    return table
+
+
+def _pascal_meta(root: Path, splits: dict[str, list[str]]) -> None:
+    PascalContextLayout(root).write_meta(
+        splits,
+        context_classes={name: i for i, name in enumerate(CONTEXT_CLASSES)},
+        nyu_classes={name: i + 1 for i, name in enumerate(NYU_CLASSES)},
+        pascal_part=_pascal_part_json(),
+    )
+
+
+def _pascal_write(root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int]) -> None:
+    s = pascal_sample(rng, size)
+    layout = PascalContextLayout(root)
+    for path in layout.semseg_candidates(image_id):  # a stale png in the other folder would win
+        if path.parent.name != s.semseg_dir:
+            path.unlink(missing_ok=True)
+    layout.write_sample(
+        image_id, s.rendering.image, s.semseg, s.label_map, s.parts, s.sal, s.rendering.normals, s.semseg_dir
+    )
+
+
+# --------------------------------------------------------------------------- NYUD-v2
+
+
+@dataclass(frozen=True)
+class NYUDSample:
+    rendering: Rendering
+    semseg: np.ndarray  # [H, W] uint8, NYU-40 label 0..39, 255 = unlabelled
+    edge: np.ndarray  # [H, W] bool
+    depth: np.ndarray  # [H, W] float32 metres, 0 = no measurement
+
+
+def _kinect_holes(rng: np.random.Generator, r: Rendering, glass: np.ndarray) -> np.ndarray:
+    """Where a Kinect returns no depth: the projector's shadow just left of a nearer surface,
+    and blobs on glass (windows, mirrors, screens)."""
+    holes = np.zeros(r.depth.shape, dtype=bool)
+    holes[:, :-1] = r.depth[:, :-1] - r.depth[:, 1:] > 0.3
+    holes[:, :-2] |= holes[:, 1:-1] & (rng.random((holes.shape[0], holes.shape[1] - 2)) < 0.5)
+    h, w = r.depth.shape
+    blobs = np.kron(rng.random((h // 6 + 1, w // 6 + 1)) < 0.35, np.ones((6, 6), dtype=bool))[:h, :w]
+    return holes | (glass & blobs)
+
+
+def nyud_sample(rng: np.random.Generator, size: tuple[int, int]) -> NYUDSample:
+    scene = nyud_scene(rng, size)
+    r = render(scene, rng)
+    labels = np.array([o.label for o in scene.objects] + [IGNORE], dtype=np.uint8)
+    semseg = labels[r.object_id]
+    edge = boundaries(r.object_id)
+    if rng.random() < NYUD_UNLABELLED_EDGES:
+        semseg[edge] = IGNORE
+    glass_ids = [k for k, o in enumerate(scene.objects) if o.name in ("window", "mirror", "television")]
+    depth = r.depth.copy()
+    depth[_kinect_holes(rng, r, np.isin(r.object_id, glass_ids))] = 0.0
+    return NYUDSample(r, semseg, edge, depth)
+
+
+def _nyud_id(split: str, index: int) -> str:
+    """Like 0000123; train ids are odd, val ids even."""
+    return f"{2 * index + 1 + SPLITS.index(split):07d}"
+
+
+def _nyud_write(root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int]) -> None:
+    s = nyud_sample(rng, size)
+    NYUDLayout(root).write_sample(image_id, s.rendering.image, s.semseg, s.edge, s.rendering.normals, s.depth)
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """How to write one synthetic dataset."""
+
+    image_id: Callable[[str, int], str]  # (split, index) -> image id
+    write_meta: Callable[[Path, dict[str, list[str]]], None]  # split files and class tables
+    write_sample: Callable[[Path, str, np.random.Generator, tuple[int, int]], None]
+
+
+SYNTH = Registry[SynthSpec]("synthetic dataset")
+SYNTH.add("pascal_context", SynthSpec(_pascal_id, _pascal_meta, _pascal_write))
+SYNTH.add("nyud", SynthSpec(_nyud_id, lambda root, splits: NYUDLayout(root).write_meta(splits), _nyud_write))
+
+
+def sample_rng(dataset: str, seed: int, split: str, index: int) -> np.random.Generator:
+    """The random stream of one image: depends on nothing but these four values."""
+    return np.random.default_rng(
+        np.random.SeedSequence([seed, zlib.crc32(dataset.encode()), SPLITS.index(split), index])
+    )
+
+
+def _write_chunk(
+    dataset: str, root: Path, seed: int, split: str, indices: Sequence[int], size: tuple[int, int]
+) -> int:
+    spec = SYNTH.get(dataset)
+    for index in indices:
+        spec.write_sample(root, spec.image_id(split, index), sample_rng(dataset, seed, split, index), size)
+    return len(indices)
+
+
+def generate(
+    dataset: str,
+    root: str | Path,
+    num_train: int = 500,
+    num_val: int = 200,
+    size: tuple[int, int] = (96, 96),
+    seed: int = 0,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Render ``num_train`` + ``num_val`` images of ``dataset`` ("pascal_context" or "nyud")
+    at ``size`` (height, width) into ``root``, the dataset folder itself; return ``root``.
+
+    ``workers`` processes render in parallel (default: one per core; 1 renders in this process).
+    """
+    try:
+        spec = SYNTH.get(dataset)
+    except KeyError as err:
+        raise ValueError(err.args[0]) from None
+    if num_train < 0 or num_val < 0:
+        raise ValueError(f"image counts must be >= 0, got num_train={num_train}, num_val={num_val}")
+    height, width = (int(v) for v in size)
+    if height < 8 or width < 8:
+        raise ValueError(f"size must be at least 8 x 8 pixels, got {tuple(size)}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    root = Path(root)
+    counts = dict(zip(SPLITS, (num_train, num_val)))
+    spec.write_meta(root, {split: [spec.image_id(split, i) for i in range(n)] for split, n in counts.items()})
+
+    workers = max(1, os.cpu_count() or 1) if workers is None else max(1, workers)
+    total = num_train + num_val
+    chunk = max(1, min(32, total // (4 * workers)))
+    jobs = [
+        (dataset, root, seed, split, range(start, min(start + chunk, n)), (height, width))
+        for split, n in counts.items()
+        for start in range(0, n, chunk)
+    ]
+    with tqdm(total=total, desc=f"synth {dataset}", unit="img", disable=not progress) as bar:
+        if workers == 1:
+            for job in jobs:
+                bar.update(_write_chunk(*job))
+        else:
+            with ProcessPoolExecutor(workers) as pool:
+                for done in as_completed([pool.submit(_write_chunk, *job) for job in jobs]):
+                    bar.update(done.result())
+    return root

@@ -1,0 +1,16 @@
+"""Client models: timm encoders, FCN decoders and heads, the multi-task model."""
+
+from fedmtl.models.backbone import DEFAULT_BACKBONE, PAPER_BACKBONES, Encoder, create_encoder
+from fedmtl.models.decoder import FCNDecoder, Head, parameter_layers
+from fedmtl.models.multitask import MultiTaskModel
+
+__all__ = [
+    "DEFAULT_BACKBONE",
+    "PAPER_BACKBONES",
+    "Encoder",
+    "FCNDecoder",
+    "Head",
+    "MultiTaskModel",
+    "create_encoder",
+    "parameter_layers",
+]

@@ -1,0 +1,62 @@
+"""A client's multi-task model: one shared encoder, one decoder and one head per task.
+
+Parameter groups are module attributes, never key patterns: ``model.encoder``,
+``model.decoders[task]``, ``model.heads[task]``. The server aggregates encoders with each
+other, decoders with each other, and leaves heads local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedmtl.models.backbone import DEFAULT_BACKBONE, create_encoder
+from fedmtl.models.decoder import FCNDecoder, Head
+from fedmtl.tasks import check_tasks, get_task
+
+
+class MultiTaskModel(nn.Module):
+    """Encoder + per-task FCN decoders and heads (REFERENCE.md, "Scenarios in the paper").
+
+    Args:
+        dataset: the client's dataset name; fixes each head's output channels.
+        tasks: the client's tasks, in order.
+        backbone: a timm model name or a paper name (``swin_t``, ``swin_s``, ``swin_b``).
+        pretrained_file: local file with the backbone's pretrained weights, or None.
+        img_size: input size for backbones that need it at construction (Swin).
+        embed_dim: decoder width; default the encoder's first-scale channels (96 for Swin-T),
+            as the paper sets it.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        tasks: Sequence[str],
+        backbone: str = DEFAULT_BACKBONE,
+        pretrained_file: str | Path | None = None,
+        img_size: tuple[int, int] | None = None,
+        embed_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.tasks = check_tasks(dataset, list(tasks))
+        self.encoder = create_encoder(backbone, pretrained_file=pretrained_file, img_size=img_size)
+        embed_dim = embed_dim or self.encoder.channels[0]
+        self.decoders = nn.ModuleDict({t: FCNDecoder(self.encoder.channels, embed_dim) for t in self.tasks})
+        self.heads = nn.ModuleDict({t: Head(embed_dim, get_task(t).channels(dataset)) for t in self.tasks})
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.encoder(images)
+        size = images.shape[-2:]
+        out = {}
+        for task in self.tasks:
+            pred = self.heads[task](self.decoders[task](features))
+            # Heads return stride 1 for inputs divisible by 32; resizing covers the rest.
+            if pred.shape[-2:] != size:
+                pred = F.interpolate(pred, size=size, mode="bilinear", align_corners=False)
+            out[task] = pred
+        return out

@@ -1,0 +1,99 @@
+"""The multi-task model: structure, shapes at small and paper sizes, weights from a file."""
+
+import pytest
+import torch
+
+from fedmtl.models import FCNDecoder, MultiTaskModel, create_encoder, parameter_layers
+from fedmtl.tasks import get_task, multi_task_loss
+
+PASCAL = ("semseg", "human_parts", "sal", "normals", "edge")
+NYUD = ("semseg", "normals", "edge", "depth")
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    torch.manual_seed(0)
+    return MultiTaskModel("nyud", NYUD, backbone="resnet18")
+
+
+def test_parameter_groups_come_from_modules_and_cover_the_model(small_model):
+    groups = [small_model.encoder, *small_model.decoders.values(), *small_model.heads.values()]
+    ids = [id(p) for g in groups for p in g.parameters()]
+    assert len(ids) == len(set(ids)), "a parameter belongs to two groups"
+    assert set(ids) == {id(p) for p in small_model.parameters()}
+    assert list(small_model.decoders) == list(NYUD) == list(small_model.heads)
+
+
+def test_decoder_has_the_six_layers_that_carry_one_beta_each(small_model):
+    layers = parameter_layers(small_model.decoders["semseg"])
+    assert list(layers) == [
+        "projections.0",
+        "projections.1",
+        "projections.2",
+        "projections.3",
+        "fuse",
+        "norm",
+    ]
+    assert isinstance(small_model.decoders["semseg"], FCNDecoder)
+
+
+@pytest.mark.parametrize("size", [(64, 64), (72, 88)])
+def test_outputs_have_the_input_size_and_task_channels(small_model, size):
+    small_model.eval()
+    with torch.no_grad():
+        out = small_model(torch.randn(2, 3, *size))
+    for task in NYUD:
+        assert out[task].shape == (2, get_task(task).channels("nyud"), *size)
+
+
+@pytest.mark.parametrize(
+    "dataset, tasks, size", [("pascal_context", PASCAL, (512, 512)), ("nyud", NYUD, (448, 576))]
+)
+def test_swin_t_paper_model_at_paper_sizes(dataset, tasks, size):
+    model = MultiTaskModel(dataset, tasks, backbone="swin_t", img_size=size).eval()
+    n_encoder = sum(p.numel() for p in model.encoder.parameters())
+    assert 27.4e6 < n_encoder < 27.6e6  # Swin-T without its classifier
+    assert model.decoders[tasks[0]].embed_dim == 96
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, *size))
+    assert {t: tuple(o.shape) for t, o in out.items()} == {
+        t: (1, get_task(t).channels(dataset), *size) for t in tasks
+    }
+
+
+def test_pretrained_weights_load_from_a_local_file(tmp_path):
+    source = create_encoder("resnet18")
+    path = tmp_path / "resnet18.pth"
+    torch.save(source.body.state_dict(), path)
+    loaded = create_encoder("resnet18", pretrained_file=path)
+    fresh = create_encoder("resnet18")
+    key = "conv1.weight"
+    assert torch.equal(loaded.body.state_dict()[key], source.body.state_dict()[key])
+    assert not torch.equal(fresh.body.state_dict()[key], source.body.state_dict()[key])
+
+
+def test_missing_weights_file_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope.pth"
+    with pytest.raises(FileNotFoundError, match="nope.pth.*cannot be downloaded"):
+        create_encoder("resnet18", pretrained_file=missing)
+
+
+def test_unknown_backbone_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown backbone 'resnet_9000'"):
+        create_encoder("resnet_9000")
+
+
+def test_a_few_training_steps_reduce_the_multi_task_loss():
+    torch.manual_seed(0)
+    model = MultiTaskModel("pascal_context", ("semseg", "sal"), backbone="resnet18")
+    images = torch.randn(2, 3, 64, 64)
+    targets = {"semseg": torch.randint(0, 21, (2, 64, 64)), "sal": torch.randint(0, 2, (2, 64, 64))}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    values = []
+    for _ in range(5):
+        loss = multi_task_loss(model(images), targets, model.tasks)["total"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        values.append(loss.item())
+    assert values[-1] < values[0]

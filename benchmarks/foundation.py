@@ -33,7 +33,9 @@ def main() -> None:
 
     start = time.perf_counter()
     for name in ("pascal_context", "nyud"):
-        generate(name, out / DATASETS.get(name).root_folder, num_train=500, num_val=200, size=size, progress=False)
+        generate(
+            name, out / DATASETS.get(name).root_folder, num_train=500, num_val=200, size=size, progress=False
+        )
     print(f"generate: 2 x (500 train + 200 val) at {size[0]}x{size[1]}: {time.perf_counter() - start:.1f} s")
 
     for name in ("pascal_context", "nyud"):

@@ -83,21 +83,32 @@ def _parser() -> ArgumentParser:
     return parser
 
 
+def _is_leader() -> bool:
+    """The process that a user started (or rank 0 of a torchrun / SLURM launch). Fabric's
+    own launcher re-runs the command for the other local ranks with LOCAL_RANK set."""
+    return all(
+        os.environ.get(v, "0") == "0" for v in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    )
+
+
 def _ensure_data(cfg: Any) -> None:
-    """Generate the datasets a scenario needs when its config asks for synthetic data."""
+    """Generate the datasets a scenario needs when its config asks for synthetic data.
+
+    Only the leader generates (before Fabric launches the other local processes); under
+    torchrun or SLURM every process starts at once, so generate the data beforehand."""
     from fedmtl.data.datasets import DATASETS
     from fedmtl.data.synth import generate
 
-    if cfg.data.synth is None or "LOCAL_RANK" in os.environ:  # launched children find it written
+    if cfg.data.synth is None or not _is_leader():
         return
     root = cfg.data.resolved_root()
     for dataset in sorted({group.dataset for group in cfg.clients}):
         spec = DATASETS.get(dataset)
-        if spec.split_file(root, "train").is_file():
+        s = cfg.data.synth.get(dataset)
+        if s is None or spec.split_file(root, "train").is_file():
             continue
         folder = Path(root) / spec.root_folder
         print(f"generating synthetic {dataset} data in {folder} (first use)", file=sys.stderr)
-        s = cfg.data.synth
         generate(dataset, folder, num_train=s.num_train, num_val=s.num_val, size=tuple(s.size), seed=s.seed)
 
 
@@ -114,6 +125,35 @@ def format_results(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_server_values(values: dict[str, float]) -> str:
+    """The server's logged values: FedHCA²'s α per client and β as a decoder x layer table;
+    any other value on a line of its own."""
+    alpha = {k[len("alpha/") :]: v for k, v in values.items() if k.startswith("alpha/")}
+    beta: dict[str, dict[str, float]] = {}
+    for key, value in values.items():
+        if key.startswith("beta/"):
+            client, task, layer = key[len("beta/") :].split("/")
+            beta.setdefault(f"{client} / {task}", {})[layer] = value
+    lines = [f"{k}: {v:.4f}" for k, v in values.items() if not k.startswith(("alpha/", "beta/"))]
+    if alpha:
+        width = max(map(len, alpha))
+        lines += ["alpha (encoder hyper weight per client):"]
+        lines += [f"  {name.ljust(width)}  {value:.4f}" for name, value in alpha.items()]
+    if beta:
+        layers = list(next(iter(beta.values())))
+        width = max(map(len, beta))
+        lines += [
+            "beta (decoder hyper weight per layer):",
+            "  " + " " * width + "  " + "  ".join(f"L{i + 1:<5d}" for i in range(len(layers))),
+        ]
+        lines += [
+            f"  {name.ljust(width)}  " + "  ".join(f"{row[layer]:.4f}" for layer in layers)
+            for name, row in beta.items()
+        ]
+        lines += ["  layers: " + ", ".join(f"L{i + 1} = {name}" for i, name in enumerate(layers))]
+    return "\n".join(lines)
+
+
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
     from fedmtl.federated.engine import run
 
@@ -123,15 +163,14 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     _ensure_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if "LOCAL_RANK" not in os.environ:
+    if _is_leader():
         (run_dir / "config.yaml").write_text(parser.dump(cfg_ns, skip_none=False))
     summary = run(cfg, config_dict=cfg_ns.as_dict())
     if summary is not None:  # global rank 0
         print(format_results(summary))
         print(f"results: {run_dir / 'results.json'}")
-        extra = summary.get("server")
-        if extra:
-            print("server: " + ", ".join(f"{k}={v:.4f}" for k, v in extra.items()))
+        if summary.get("server"):
+            print(format_server_values(summary["server"]))
 
 
 def _evaluate(args: Namespace, command: str) -> None:

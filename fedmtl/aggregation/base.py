@@ -1,0 +1,246 @@
+"""The server's aggregation API: what it receives in a round, what it returns, and the base class.
+
+An aggregator is a function of flat, stacked parameters (plus its own server state, e.g.
+FedHCA²'s hyper weights). It returns the new parameters of every client encoder and every
+decoder and never touches a model: the engine flattens the models into a :class:`RoundInput`
+and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads are never
+aggregated (REFERENCE.md, "Setting"), so they appear in neither.
+
+Aggregators are registered in ``AGGREGATORS`` under their class name, the same name
+jsonargparse resolves in ``class_path: FedAvg``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import Tensor
+
+from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.registry import Registry
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server knows about a client: who it is, its domain and tasks, how much data.
+
+    Clients with equal ``dataset`` and the same set of ``tasks`` form a homogeneous group.
+    """
+
+    name: str
+    dataset: str
+    tasks: tuple[str, ...]  # in the client's model order; its decoders follow this order
+    num_samples: int  # training samples; FedAvg(weighted=True) weighs by it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.tasks:
+            raise ValueError(f"client {self.name!r} has no tasks")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"client {self.name!r} lists a task twice: {list(self.tasks)}")
+        if (
+            isinstance(self.num_samples, bool)
+            or not isinstance(self.num_samples, int)
+            or self.num_samples < 0
+        ):
+            raise ValueError(
+                f"client {self.name!r}: num_samples must be an int >= 0, got {self.num_samples!r}"
+            )
+
+
+def decoder_owners_of(clients: Sequence[ClientInfo]) -> list[tuple[int, str]]:
+    """The fixed decoder order: (client index, task), by client, then the client's task order."""
+    return [(i, task) for i, client in enumerate(clients) for task in client.tasks]
+
+
+@dataclass
+class RoundInput:
+    """What the server receives in one round, as stacked flat vectors.
+
+    N clients, P encoder parameters, K = Σ|T_i| decoders, Q decoder parameters (every
+    decoder has the same layout). ``*_prev`` are θ^(r-1), the parameters the clients started
+    the round from; ``*_deltas`` are Δθ^(r) = θ' − θ^(r-1) after local training.
+    """
+
+    round: int  # 1-based
+    clients: list[ClientInfo]  # N
+    encoder_layout: FlatLayout
+    encoders_prev: Tensor  # [N, P]
+    encoder_deltas: Tensor  # [N, P]
+    decoder_layout: FlatLayout
+    decoder_owners: list[tuple[int, str]]  # K (client index, task); see decoder_owners_of
+    decoders_prev: Tensor  # [K, Q]
+    decoder_deltas: Tensor  # [K, Q]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 1:
+            raise ValueError(f"round is 1-based, got {self.round!r}")
+        self.clients = list(self.clients)
+        if not self.clients:
+            raise ValueError("a round needs at least one client")
+        for client in self.clients:
+            if not isinstance(client, ClientInfo):
+                raise TypeError(f"clients must be ClientInfo, got {type(client).__name__}")
+        names = [c.name for c in self.clients]
+        if len(set(names)) != len(names):
+            raise ValueError(f"client names must be unique, got {names}")
+        self.decoder_owners = [(int(i), str(t)) for i, t in self.decoder_owners]
+        self._check_owners()
+        _check_pair(
+            "encoders",
+            self.encoders_prev,
+            self.encoder_deltas,
+            self.num_clients,
+            "N clients",
+            self.encoder_layout,
+        )
+        _check_pair(
+            "decoders",
+            self.decoders_prev,
+            self.decoder_deltas,
+            self.num_decoders,
+            "K decoders",
+            self.decoder_layout,
+        )
+
+    def _check_owners(self) -> None:
+        n = self.num_clients
+        for i, task in self.decoder_owners:
+            if not 0 <= i < n:
+                raise ValueError(f"decoder owner ({i}, {task!r}) names client {i}, but there are {n} clients")
+            client = self.clients[i]
+            if task not in client.tasks:
+                raise ValueError(
+                    f"decoder owner ({i}, {task!r}): client {i} ({client.name!r}) has no task {task!r}; "
+                    f"its tasks are {list(client.tasks)}"
+                )
+        expected = decoder_owners_of(self.clients)
+        if self.decoder_owners != expected:
+            raise ValueError(
+                "decoder_owners must list every (client, task) once, by client, then the client's task "
+                f"order (decoder_owners_of(clients)); expected {expected}, got {self.decoder_owners}"
+            )
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def num_decoders(self) -> int:
+        return len(self.decoder_owners)
+
+    @property
+    def client_num_samples(self) -> list[int]:
+        """[N] each client's sample count."""
+        return [c.num_samples for c in self.clients]
+
+    @property
+    def decoder_num_samples(self) -> list[int]:
+        """[K] each decoder's owner's sample count."""
+        return [self.clients[i].num_samples for i, _ in self.decoder_owners]
+
+    def homogeneous_groups(self) -> list[list[int]]:
+        """Client indices grouped by equal (dataset, set of tasks), groups in first-member order.
+
+        REFERENCE.md: "Clients with the same dataset and the same task set form a homogeneous
+        group". Every client is in exactly one group (possibly of one).
+        """
+        groups: dict[tuple[str, frozenset[str]], list[int]] = {}
+        for i, client in enumerate(self.clients):
+            groups.setdefault((client.dataset, frozenset(client.tasks)), []).append(i)
+        return list(groups.values())
+
+
+@dataclass
+class RoundOutput:
+    """The new parameters θ^(r) of every client encoder [N, P] and every decoder [K, Q].
+
+    Rows follow the :class:`RoundInput`'s clients and decoder owners.
+    """
+
+    encoders: Tensor  # [N, P]
+    decoders: Tensor  # [K, Q]
+
+    def check_against(self, inputs: RoundInput) -> None:
+        """Raise ValueError unless shapes, dtypes and devices match ``inputs``."""
+        for what, out, ref in [
+            ("encoders", self.encoders, inputs.encoders_prev),
+            ("decoders", self.decoders, inputs.decoders_prev),
+        ]:
+            if out.shape != ref.shape or out.dtype != ref.dtype or out.device != ref.device:
+                raise ValueError(
+                    f"output {what} is {tuple(out.shape)} {out.dtype} on {out.device}; "
+                    f"the input is {tuple(ref.shape)} {ref.dtype} on {ref.device}"
+                )
+
+
+class Aggregator(abc.ABC):
+    """Server-side aggregation of encoders and decoders (heads stay local).
+
+    A subclass implements :meth:`aggregate`, a function of the round's flat parameters and
+    of the aggregator's own state. Server state (FedHCA²'s hyper weights α and β) is
+    checkpointed through :meth:`state_dict` / :meth:`load_state_dict`; scalars worth
+    logging each round come from :meth:`log_values`. Register a subclass with
+    :func:`register_aggregator` and export it from ``fedmtl.aggregation``.
+    """
+
+    @abc.abstractmethod
+    def aggregate(self, inputs: RoundInput) -> RoundOutput:
+        """The new parameters of all encoders and decoders; must not modify ``inputs``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state: tensors, numbers, strings and lists/dicts of those only, so that
+        ``torch.load(..., weights_only=True)`` reads it back. Empty for stateless aggregators."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no server state; got keys {sorted(state)}")
+
+    def log_values(self) -> dict[str, float]:
+        """Scalars to log after a round (e.g. FedHCA²'s α and β); empty by default."""
+        return {}
+
+
+AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
+
+AggregatorT = TypeVar("AggregatorT", bound=Aggregator)
+
+
+def register_aggregator(cls: type[AggregatorT]) -> type[AggregatorT]:
+    """Class decorator: register an :class:`Aggregator` subclass under its class name."""
+    if not (isinstance(cls, type) and issubclass(cls, Aggregator)):
+        raise TypeError(f"only Aggregator subclasses can be registered, got {cls!r}")
+    AGGREGATORS.add(cls.__name__, cls)
+    return cls
+
+
+def create_aggregator(name: str, **kwargs: Any) -> Aggregator:
+    """Build a registered aggregator by class name, e.g. ``create_aggregator("FedAvg", weighted=True)``."""
+    return AGGREGATORS.get(name)(**kwargs)
+
+
+def _check_pair(
+    what: str, prev: Tensor, deltas: Tensor, rows: int, rows_name: str, layout: FlatLayout
+) -> None:
+    for name, t in [(f"{what}_prev", prev), (f"{what[:-1]}_deltas", deltas)]:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    expected = (rows, layout.numel)
+    if tuple(prev.shape) != expected:
+        raise ValueError(
+            f"{what}_prev has shape {tuple(prev.shape)}; expected [{rows} ({rows_name}), "
+            f"{layout.numel} (the layout's numel)]"
+        )
+    name = f"{what[:-1]}_deltas"
+    if deltas.shape != prev.shape:
+        raise ValueError(f"{name} has shape {tuple(deltas.shape)}; {what}_prev has {tuple(prev.shape)}")
+    if deltas.dtype != prev.dtype or deltas.device != prev.device:
+        raise ValueError(
+            f"{name} is {deltas.dtype} on {deltas.device}; {what}_prev is {prev.dtype} on {prev.device}"
+        )

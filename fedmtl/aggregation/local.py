@@ -1,0 +1,22 @@
+"""Local training: no aggregation (the "Local" baseline of FedHCA², Lu et al., CVPR 2024, Table 1)."""
+
+from __future__ import annotations
+
+from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput, register_aggregator
+
+
+@register_aggregator
+class Local(Aggregator):
+    """Every client keeps what it trained: θ_i^(r) = θ_i^(r-1) + Δθ_i^(r), for encoders and decoders.
+
+    The baseline of FedHCA² (Lu et al., CVPR 2024, Sec. 4.1) against which Δm is measured.
+    """
+
+    def aggregate(self, inputs: RoundInput) -> RoundOutput:
+        return RoundOutput(
+            encoders=inputs.encoders_prev + inputs.encoder_deltas,
+            decoders=inputs.decoders_prev + inputs.decoder_deltas,
+        )
+
+    def __repr__(self) -> str:
+        return "Local()"

@@ -1,0 +1,1 @@
+"""The federated simulation: clients, their state store, the Fabric round loop."""

@@ -1,0 +1,71 @@
+"""Run checkpoints: one folder per round, published atomically.
+
+    RUN_DIR/checkpoints/round_0007/server.pt          round, server (aggregator) state, history
+    RUN_DIR/checkpoints/round_0007/client_0003.pt     one client's state (see store.py)
+    RUN_DIR/checkpoints/latest                        the name of the newest complete folder
+
+Every rank writes its own clients into ``round_0007.tmp``; rank 0 then writes the server
+file, renames the folder and rewrites ``latest`` (both atomic renames), and removes older
+folders. A crash at any point leaves ``latest`` naming a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fedmtl.federated.store import ClientState, atomic_save, safe_load
+
+
+def _root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _name(round_: int) -> str:
+    return f"round_{round_:04d}"
+
+
+def staging_dir(run_dir: str | Path, round_: int) -> Path:
+    return _root(run_dir) / f"{_name(round_)}.tmp"
+
+
+def write_client(run_dir: str | Path, round_: int, client: int, state: ClientState) -> None:
+    atomic_save(state, staging_dir(run_dir, round_) / f"client_{client:04d}.pt")
+
+
+def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 1) -> Path:
+    """Rank 0, after every rank wrote its clients: make round ``round_`` the latest checkpoint."""
+    root = _root(run_dir)
+    staging = staging_dir(run_dir, round_)
+    atomic_save(server, staging / "server.pt")
+    final = root / _name(round_)
+    if final.exists():  # a rerun of the same round (resumed run): replace it
+        shutil.rmtree(final)
+    staging.rename(final)
+    tmp = root / ".latest.tmp"
+    tmp.write_text(final.name)
+    tmp.replace(root / "latest")
+    older = sorted(p for p in root.glob("round_*") if p.is_dir() and p.suffix != ".tmp" and p != final)
+    for old in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    pointer = _root(run_dir) / "latest"
+    if not pointer.is_file():
+        return None
+    folder = _root(run_dir) / pointer.read_text().strip()
+    return folder if (folder / "server.pt").is_file() else None
+
+
+def load_server(folder: Path) -> dict[str, Any]:
+    return safe_load(folder / "server.pt")
+
+
+def load_client(folder: Path, client: int) -> ClientState:
+    path = folder / f"client_{client:04d}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no state for client {client} ({path.name})")
+    return safe_load(path)

@@ -1,0 +1,75 @@
+"""From a scenario config to typed clients with their data partitions."""
+
+from __future__ import annotations
+
+from fedmtl.config import RunConfig
+from fedmtl.data.datasets import DATASETS
+from fedmtl.data.layout import read_split
+from fedmtl.data.partition import partition_clients
+from fedmtl.federated.client import ClientSpec
+from fedmtl.tasks import check_tasks
+
+
+def train_split_size(dataset: str, data_root: str) -> int:
+    spec = DATASETS.get(dataset)
+    split_file = spec.split_file(data_root, "train")
+    if not split_file.is_file():
+        raise FileNotFoundError(
+            f"{dataset} training split not found: {split_file}\nExpected layout:\n{spec.dataset_class.tree}\n"
+            f"Point data.root (or $FEDMTL_DATA) at the folder holding {spec.root_folder}/, "
+            f"or run `make demo` / `fedmtl data synth --dataset {dataset} --root DIR` for synthetic data."
+        )
+    return len(read_split(split_file))
+
+
+def build_clients(cfg: RunConfig) -> list[ClientSpec]:
+    """One client per task of a single-task group, one per multi-task group, times replicas.
+
+    The training set of a dataset is split at random into equal parts among its clients
+    (single-task and multi-task clients of a dataset each split it, as the public code does).
+    """
+    if not cfg.clients:
+        raise ValueError("clients: the scenario needs at least one client group")
+    entries: list[tuple[str, str, tuple[str, ...], int]] = []  # name, dataset, tasks, group index
+    for g, group in enumerate(cfg.clients):
+        if group.dataset not in DATASETS:
+            raise ValueError(
+                f"clients[{g}].dataset: unknown dataset {group.dataset!r}; known: {DATASETS.names()}"
+            )
+        try:
+            tasks = check_tasks(group.dataset, group.tasks)
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"clients[{g}].tasks: {err.args[0]}") from None
+        for field_name in ("replicas", "local_epochs", "batch_size"):
+            if getattr(group, field_name) < 1:
+                raise ValueError(
+                    f"clients[{g}].{field_name} must be at least 1, got {getattr(group, field_name)}"
+                )
+        for task_set in [(t,) for t in tasks] if group.single_task else [tasks]:
+            for replica in range(group.replicas):
+                name = f"{group.dataset}-{'+'.join(task_set)}" + (f"-{replica}" if group.replicas > 1 else "")
+                entries.append((name, group.dataset, task_set, g))
+    names = [e[0] for e in entries]
+    for i, name in enumerate(names):  # two groups may produce the same name
+        if names.count(name) > 1:
+            names[i] = f"{name}-g{entries[i][3]}"
+    root = cfg.data.resolved_root()
+    sizes = {d: train_split_size(d, root) for d in {e[1] for e in entries}}
+    parts = partition_clients(
+        [e[1] for e in entries],
+        sizes,
+        seed=cfg.seed,
+        groups=["st" if cfg.clients[e[3]].single_task else "mt" for e in entries],
+    )
+    return [
+        ClientSpec(
+            name=name,
+            dataset=dataset,
+            tasks=tasks,
+            local_epochs=cfg.clients[g].local_epochs,
+            batch_size=cfg.clients[g].batch_size,
+            train_indices=tuple(part),
+            optimizer=cfg.clients[g].optimizer,
+        )
+        for name, (_, dataset, tasks, g), part in zip(names, entries, parts, strict=True)
+    ]

@@ -1,0 +1,36 @@
+"""The shipped configs parse into the scenarios the paper describes."""
+
+from pathlib import Path
+
+import pytest
+
+from fedmtl.cli import _run_parser
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _load(name: str):
+    parser = _run_parser()
+    return parser.instantiate(parser.parse_path(str(CONFIGS / name)))
+
+
+@pytest.mark.parametrize(
+    "name, clients",
+    [
+        ("scenario1.yaml", [("pascal_context", True, 1, 5), ("nyud", False, 4, 4)]),
+        ("scenario2.yaml", [("nyud", True, 4, 4), ("pascal_context", False, 1, 5)]),
+        ("demo.yaml", [("pascal_context", True, 1, 5), ("nyud", False, 4, 4)]),
+    ],
+)
+def test_configs_describe_the_paper_scenarios(name, clients):
+    cfg = _load(name)
+    assert [(g.dataset, g.single_task, g.local_epochs, len(g.tasks)) for g in cfg.clients] == clients
+    assert all(g.batch_size == 8 for g in cfg.clients)
+
+
+@pytest.mark.parametrize("name", ["scenario1.yaml", "scenario2.yaml"])
+def test_paper_scenarios_use_the_paper_recipe(name):
+    cfg = _load(name)
+    assert cfg.model.backbone == "swin_t" and cfg.rounds == 100 and cfg.evaluation.every == 4
+    assert cfg.data.train_size is None  # the paper's sizes
+    assert all(g.optimizer.lr == 1e-4 and g.optimizer.weight_decay == 1e-4 for g in cfg.clients)

@@ -1,0 +1,187 @@
+"""The round loop end to end on tiny generated data: Local, FedAvg, devices, resume, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedmtl.cli import main
+from fedmtl.federated import checkpoint
+from fedmtl.federated.engine import Simulation
+
+TINY = {
+    "clients": [
+        {"dataset": "pascal_context", "tasks": ["semseg", "sal"], "single_task": True, "batch_size": 4},
+        {"dataset": "nyud", "tasks": ["semseg", "depth"], "local_epochs": 2, "batch_size": 4},
+    ],
+    "data": {"train_size": [32, 32]},
+    "evaluation": {"every": 2},
+    "rounds": 3,
+    "accelerator": "cpu",
+    "logger": {"wandb": False},
+}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    from fedmtl.data.synth import generate
+
+    root = tmp_path_factory.mktemp("data")
+    generate("pascal_context", root / "PASCALContext", num_train=12, num_val=4, size=(32, 32), progress=False)
+    generate("nyud", root / "NYUDv2", num_train=12, num_val=4, size=(32, 32), progress=False)
+    return root
+
+
+def _config(tmp_path: Path, data_root: Path, **changes) -> Path:
+    cfg = json.loads(json.dumps(TINY))
+    cfg["data"]["root"] = str(data_root)
+    cfg.update(changes)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fit(config: Path, run_dir: Path, *extra: str) -> dict:
+    assert main(["fit", "--config", str(config), "--run_dir", str(run_dir), *extra]) == 0
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _client_states(run_dir: Path) -> list[dict]:
+    folder = checkpoint.latest(run_dir)
+    return [checkpoint.load_client(folder, i)["model"] for i in range(3)]
+
+
+def _metric_values(results: dict) -> list[float]:
+    return [v for c in results["clients"].values() for m in c["metrics"].values() for v in m.values()]
+
+
+def test_local_round_loop_trains_every_client_and_writes_results(tmp_path, data_root):
+    results = _fit(_config(tmp_path, data_root), tmp_path / "run")
+    assert list(results["clients"]) == ["pascal_context-semseg", "pascal_context-sal", "nyud-semseg+depth"]
+    assert results["algorithm"] == "Local" and results["rounds"] == 3
+    assert all(math.isfinite(v) for v in _metric_values(results))
+    states = _client_states(tmp_path / "run")
+    key = "encoder.body.stem.conv.weight"
+    assert not torch.equal(states[0][key], states[1][key]), "Local must not share encoders"
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    keys = {(int(r["round"]), r["key"]) for r in rows}
+    assert {(r, "train/nyud-semseg+depth/depth_loss") for r in (1, 2, 3)} <= keys
+    assert (2, "val/pascal_context-sal/sal_maxF") in keys and (3, "time/aggregate") in keys
+    assert (1, "val/pascal_context-sal/sal_maxF") not in keys  # evaluated every 2 rounds and at the end
+
+
+def test_fedavg_shares_encoders_and_decoders_but_not_heads(tmp_path, data_root):
+    _fit(_config(tmp_path, data_root, algorithm={"class_path": "FedAvg"}, rounds=2), tmp_path / "run")
+    a, b, mt = _client_states(tmp_path / "run")
+    for key in a:
+        if key.startswith("encoder.") and "running" not in key and "num_batches" not in key:
+            assert torch.equal(a[key], mt[key]), key
+    assert torch.equal(a["decoders.semseg.fuse.weight"], b["decoders.sal.fuse.weight"])
+    assert torch.equal(a["decoders.semseg.fuse.weight"], mt["decoders.depth.fuse.weight"])
+    assert not torch.equal(a["heads.semseg.classifier.weight"], mt["heads.semseg.classifier.weight"])
+    # BatchNorm statistics are buffers: they stay local
+    assert not torch.equal(a["decoders.semseg.norm.running_mean"], b["decoders.sal.norm.running_mean"])
+
+
+def test_a_run_killed_after_a_round_resumes_to_the_same_results(tmp_path, data_root, monkeypatch):
+    config = _config(tmp_path, data_root, algorithm={"class_path": "FedAvg"})
+    straight = _fit(config, tmp_path / "straight")
+
+    original = Simulation._train_client
+
+    def killed_in_round_3(self, *args):
+        if self.round == 3:
+            raise KeyboardInterrupt("killed")
+        return original(self, *args)
+
+    monkeypatch.setattr(Simulation, "_train_client", killed_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(config, tmp_path / "resumed")
+    assert checkpoint.latest(tmp_path / "resumed").name == "round_0002"
+    assert not (tmp_path / "resumed" / "results.json").exists()
+    monkeypatch.setattr(Simulation, "_train_client", original)
+
+    resumed = _fit(config, tmp_path / "resumed", "--resume", "true")
+    assert resumed == straight
+    with open(tmp_path / "resumed" / "metrics.csv") as f:
+        rounds = [int(r["round"]) for r in csv.DictReader(f) if r["key"] == "train/nyud-semseg+depth/loss"]
+    assert rounds == [1, 2, 3]
+
+
+def test_validate_evaluates_the_latest_checkpoint(tmp_path, data_root, capsys):
+    results = _fit(_config(tmp_path, data_root, rounds=1), tmp_path / "run")
+    assert main(["validate", "--run_dir", str(tmp_path / "run")]) == 0
+    validated = json.loads((tmp_path / "run" / "validate_results.json").read_text())
+    assert validated["clients"] == results["clients"]
+    assert "nyud-semseg+depth" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"rounds": "many"}, 'key "rounds"'),
+        ({"clients": [{"dataset": "nyud", "tasks": ["semseg"], "local_epochs": "four"}]}, "local_epochs"),
+        ({"algorithm": {"class_path": "NoSuchAggregator"}}, "NoSuchAggregator"),
+    ],
+)
+def test_a_bad_config_names_the_field(tmp_path, data_root, capsys, changes, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                "--config",
+                str(_config(tmp_path, data_root, **changes)),
+                "--run_dir",
+                str(tmp_path / "r"),
+            ]
+        )
+    assert exit_info.value.code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_a_task_the_dataset_lacks_is_a_one_line_error(tmp_path, data_root, capsys):
+    config = _config(tmp_path, data_root, clients=[{"dataset": "nyud", "tasks": ["semseg", "human_parts"]}])
+    assert main(["fit", "--config", str(config), "--run_dir", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: clients[0].tasks:") and "human_parts" in err
+
+
+def test_a_missing_dataset_points_to_the_demo(tmp_path, capsys):
+    config = _config(tmp_path, tmp_path / "empty", data={"root": str(tmp_path / "empty")})
+    assert main(["fit", "--config", str(config), "--run_dir", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "training split not found" in err and "make demo" in err
+
+
+def test_two_cpu_processes_give_the_results_of_one(tmp_path, data_root):
+    """Fabric launches 2 processes (gloo); clients are sharded; results equal 1 process's.
+
+    With the same torch thread count per process the runs are bit-identical: nothing a client
+    computes depends on the rank it trains on."""
+    config = _config(tmp_path, data_root, algorithm={"class_path": "FedAvg"}, rounds=2, cpu_threads=1)
+    one = _fit(config, tmp_path / "one")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "fedmtl",
+        "fit",
+        "--config",
+        str(config),
+        "--run_dir",
+        str(tmp_path / "two"),
+    ]
+    done = subprocess.run([*command, "--devices", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two == one

@@ -29,7 +29,7 @@ from fedmtl.aggregation import Local
 from fedmtl.config import ClientGroup, DataConfig, EvaluationConfig, LoggerConfig, RunConfig
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.data.synth import generate
-from fedmtl.federated.engine import run
+from fedmtl.federated.engine import _seed, run
 from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import multi_task_loss
 
@@ -47,20 +47,26 @@ def _round_times(metrics_csv: Path) -> dict[str, list[float]]:
 
 
 def plain_loop(root: Path, epochs: int, batch_size: int, seed: int) -> tuple[float, float]:
-    """(wall seconds of the training loop, process CPU seconds of the whole call)"""
+    """(wall seconds of the training loop, process CPU seconds of the whole call)
+
+    The same work as the engine's client 0: its initial weights, its augmentation and data
+    order (the engine derives them from the seed with ``_seed``), so both time the same steps."""
     cpu = time.process_time()
-    torch.manual_seed(seed)
+    torch.manual_seed(_seed(seed, "init"))
     model = MultiTaskModel("nyud", TASKS)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4)
     scheduler = CosineLRScheduler(
         optimizer, t_initial=epochs, lr_min=1.25e-6, warmup_t=5, warmup_lr_init=1.25e-7
     )
-    dataset = build_dataset("nyud", root, "train", tasks=TASKS, train_size=SIZE)
+    dataset = build_dataset(
+        "nyud", root, "train", tasks=TASKS, train_size=SIZE, seed=_seed(seed, "augment", 0)
+    )
     start = time.perf_counter()
     model.train()
     for epoch in range(epochs):
         dataset.set_epoch(epoch)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True)
+        order = torch.Generator().manual_seed(_seed(seed, "order", 0, epoch))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order)
         for batch in loader:
             loss = multi_task_loss(model(batch["image"]), batch, TASKS)["total"]
             loss.backward()

@@ -34,3 +34,30 @@ def test_paper_scenarios_use_the_paper_recipe(name):
     assert cfg.model.backbone == "swin_t" and cfg.rounds == 100 and cfg.evaluation.every == 4
     assert cfg.data.train_size is None  # the paper's sizes
     assert all(g.optimizer.lr == 1e-4 and g.optimizer.weight_decay == 1e-4 for g in cfg.clients)
+
+
+@pytest.mark.parametrize("name", ["scenario1.yaml", "scenario2.yaml", "demo.yaml"])
+def test_paper_runs_and_the_demo_use_fedhca2_with_the_paper_settings(name):
+    algorithm = _load(name).algorithm
+    assert type(algorithm).__name__ == "FedHCA2"
+    assert (algorithm.c, algorithm.alpha_init, algorithm.beta_init, algorithm.hyper_lr) == (
+        0.4,
+        0.1,
+        0.1,
+        0.01,
+    )
+    assert (algorithm.encoder, algorithm.decoder) == ("conflict_averse", "cross_attention")
+
+
+@pytest.mark.parametrize(
+    "ablation, schemes",
+    [("encoder_only.yaml", ("conflict_averse", "none")), ("decoder_only.yaml", ("none", "cross_attention"))],
+)
+def test_the_ablation_is_one_more_config_file(ablation, schemes):
+    parser = _run_parser()
+    cfg = parser.parse_args(
+        ["--config", str(CONFIGS / "scenario1.yaml"), "--config", str(CONFIGS / "ablation" / ablation)]
+    )
+    algorithm = parser.instantiate(cfg).algorithm
+    assert (algorithm.encoder, algorithm.decoder) == schemes
+    assert algorithm.c == 0.4 and cfg.rounds == 100

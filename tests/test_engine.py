@@ -93,8 +93,10 @@ def test_fedavg_shares_encoders_and_decoders_but_not_heads(tmp_path, data_root):
     assert not torch.equal(a["decoders.semseg.norm.running_mean"], b["decoders.sal.norm.running_mean"])
 
 
-def test_a_run_killed_after_a_round_resumes_to_the_same_results(tmp_path, data_root, monkeypatch):
-    config = _config(tmp_path, data_root, algorithm={"class_path": "FedAvg"})
+@pytest.mark.parametrize("algorithm", ["FedAvg", "FedHCA2"])
+def test_a_run_killed_after_a_round_resumes_to_the_same_results(tmp_path, data_root, monkeypatch, algorithm):
+    """FedHCA2's hyper weights and their momentum are server state: resumed, they continue."""
+    config = _config(tmp_path, data_root, algorithm={"class_path": algorithm})
     straight = _fit(config, tmp_path / "straight")
 
     original = Simulation._train_client
@@ -168,7 +170,7 @@ def test_two_cpu_processes_give_the_results_of_one(tmp_path, data_root):
 
     With the same torch thread count per process the runs are bit-identical: nothing a client
     computes depends on the rank it trains on."""
-    config = _config(tmp_path, data_root, algorithm={"class_path": "FedAvg"}, rounds=2, cpu_threads=1)
+    config = _config(tmp_path, data_root, algorithm={"class_path": "FedHCA2"}, rounds=2, cpu_threads=1)
     one = _fit(config, tmp_path / "one")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [

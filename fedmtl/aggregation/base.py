@@ -204,6 +204,11 @@ class Aggregator(abc.ABC):
         """Scalars to log after a round (e.g. FedHCA²'s α and β); empty by default."""
         return {}
 
+    def log_matrices(self) -> dict[str, tuple[list[str], list[str], Tensor]]:
+        """Matrices to draw as heatmaps after a round: name -> (row labels, column labels,
+        values [rows, columns]), e.g. FedHCA²'s β per decoder and layer; empty by default."""
+        return {}
+
 
 AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
 

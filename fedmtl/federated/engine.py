@@ -40,7 +40,7 @@ from fedmtl.config import RunConfig
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
 from fedmtl.federated import checkpoint
 from fedmtl.federated.client import ClientModule
-from fedmtl.federated.runlog import CSVScalarLogger, create_loggers
+from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
 from fedmtl.federated.store import ClientState, ClientStore
@@ -406,6 +406,8 @@ class Simulation:
             if results is not None:
                 self.history.append({"round": self.round, "metrics": results})
             self.fabric.log_dict(values, step=self.round)
+            if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
+                log_heatmaps(self.fabric.loggers, self.aggregator.log_matrices(), self.round)
             if is_zero and not self._bars:
                 line = " ".join(f"{k[5:]}={v:.1f}s" for k, v in values.items() if k.startswith("time/"))
                 print(f"round {self.round}/{cfg.rounds} {line}", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -59,6 +60,50 @@ class CSVScalarLogger(Logger):
         with open(tmp, "w", newline="") as f:
             csv.writer(f).writerows(kept)
         os.replace(tmp, self.path)
+
+
+def heatmap_image(rows: list[str], columns: list[str], values: np.ndarray, title: str) -> np.ndarray:
+    """An annotated heatmap (rows x columns) rendered to an RGB array, for wandb."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.1 * len(columns) + 3.5, 0.4 * len(rows) + 1.6), dpi=100)
+    canvas = FigureCanvasAgg(fig)  # off-screen: no display needed
+    ax = fig.subplots()
+    # The colour scale spans the values themselves: β often moves little from its start.
+    low, high = float(values.min()), float(values.max())
+    image = ax.imshow(values, cmap="viridis", vmin=low, vmax=max(high, low + 1e-9), aspect="auto")
+    ax.set_xticks(range(len(columns)), [f"L{j + 1}" for j in range(len(columns))], fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    for (i, j), value in np.ndenumerate(values):
+        dark = value < (low + high) / 2  # viridis is dark at the low end
+        ax.text(
+            j, i, f"{value:.4f}", ha="center", va="center", fontsize=6, color="white" if dark else "black"
+        )
+    fig.colorbar(image, ax=ax)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def log_heatmaps(
+    loggers: list[Logger], matrices: dict[str, tuple[list[str], list[str], Any]], step: int
+) -> None:
+    """Draw each (rows, columns, values) matrix as a heatmap image in wandb (decoder x layer β,
+    like the paper's Fig. 7); the values themselves are in metrics.csv as scalars."""
+    wandb_loggers = [lg for lg in loggers if type(lg).__name__ == "WandbLogger"]
+    if not wandb_loggers or not matrices:
+        return
+    for name, (rows, columns, values) in matrices.items():
+        title = (
+            f"{name}, round {step} (columns: "
+            + ", ".join(f"L{j + 1}={c}" for j, c in enumerate(columns))
+            + ")"
+        )
+        image = heatmap_image(rows, columns, np.asarray(values, dtype=np.float64), title)
+        for logger in wandb_loggers:
+            logger.log_image(key=f"server/{name}_heatmap", images=[image], step=step)
 
 
 def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> list[Logger]:

@@ -1,0 +1,374 @@
+"""FedHCA²: Hyper Conflict-Averse encoders, Hyper Cross-Attention decoders, learned hyper weights."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput, register_aggregator
+from fedmtl.aggregation.functional import (
+    conflict_averse_coefficients,
+    cross_attention_update_flat,
+    gram_matrix,
+    mean_rows,
+)
+
+EncoderMode = Literal["none", "fedavg", "conflict_averse"]
+DecoderMode = Literal["none", "cross_attention", "fedavg"]
+
+_STATE_KEYS = {
+    "round",
+    "encoder",
+    "decoder",
+    "clients",
+    "decoder_owners",
+    "decoder_layers",
+    "alpha",
+    "beta",
+    "optimizer",
+    "encoder_update",
+    "decoder_update",
+}
+
+
+@register_aggregator
+class FedHCA2(Aggregator):
+    """FedHCA² (Lu et al., "FedHCA²: Towards Hetero-Client Federated Multi-Task Learning",
+    CVPR 2024, Sec. 3.3-3.5 and suppl. Alg. 1-2), as REFERENCE.md pins it down.
+
+    Round r receives θ^(r-1) and Δ^(r) of N client encoders and K decoders and returns
+    personalised θ^(r). Heads stay local (they are not in the round's input).
+
+    Encoders (``encoder``):
+
+    - ``"conflict_averse"`` (Hyper Conflict-Averse aggregation, Eq. 6-9): one update Ũ is
+      solved from the N raw encoder deltas (:func:`~fedmtl.aggregation.functional.conflict_averse_update`
+      with ``c`` and ``rescale``), and client i gets θ_i^(r-1) + Δ̃_i + clamp(α_i, 0, 1)·Ũ,
+      where Δ̃_i is the mean delta of client i's homogeneous group (same dataset and task
+      set, :meth:`RoundInput.homogeneous_groups`; a client alone in its group keeps its own
+      delta), as the public code does.
+    - ``"fedavg"``: every encoder becomes the mean of the N trained encoders θ_i^(r-1) + Δ_i.
+    - ``"none"``: every client keeps its trained encoder θ_i^(r-1) + Δ_i.
+
+    Decoders (``decoder``):
+
+    - ``"cross_attention"`` (Hyper Cross-Attention aggregation, Eq. 12-13): for every
+      decoder parameter tensor (weight and bias apart), A = softmax(V Vᵀ/sqrt(d)) V over the
+      K decoders' raw deltas V [K, d]; decoder k gets θ_k^(r-1) + Δ_k + clamp(β_{k,l}, 0, 1)·A_k,
+      l the layer (module) owning the tensor (``decoder_layout.layers``; six for the FCN
+      decoder). Decoders use their own raw delta Δ_k, not a homogeneous-group mean:
+      REFERENCE.md names group means for encoders only, and the public code's
+      ``HyperCrossAttention`` adds each decoder's own delta.
+    - ``"fedavg"``: every decoder, whatever its task, becomes the mean of the K trained decoders.
+    - ``"none"``: every decoder keeps its trained parameters.
+
+    ``encoder="fedavg", decoder="fedavg"`` is FedAvg and ``"none", "none"`` is Local; mixed
+    settings are the paper's ablations (Table 3: "+Enc", "+Dec").
+
+    Hyper aggregation weights (Sec. 3.5): α [N] (with ``"conflict_averse"``) and β [K, L]
+    (with ``"cross_attention"``) start at ``alpha_init`` / ``beta_init``, are created at the
+    first round from its sizes, and are applied clamped to [0, 1]. At the start of round
+    r+1's aggregation, once the new deltas exist (so first in round 2), one step of
+    ``torch.optim.SGD(lr=hyper_lr, momentum=hyper_momentum, weight_decay=hyper_weight_decay)``
+    takes the gradients (Eq. 16-17, as the public code's autograd through clamp gives them)
+
+        ∂α_i     = −⟨Ũ^(r), Δ_i^(r+1)⟩ · 1[0 < α_i < 1]
+        ∂β_{k,l} = −Σ_{tensors t of layer l} ⟨A_{k,t}^(r), Δ_{k,t}^(r+1)⟩ · 1[0 < β_{k,l} < 1]
+
+    with Δ^(r+1) each client's / decoder's raw new delta (the public code backpropagates
+    ``last − current`` parameters of the client). A weight grows when the next local update
+    agrees with the aggregated update it scaled. Outside (0, 1) the gradient is zero but
+    momentum and weight decay still act: a weight at exactly 0 with no momentum left (e.g.
+    ``alpha_init=0``) stays 0, one above 1 is applied as 1 until weight decay brings it back. The server keeps Ũ^(r) [P] and A^(r) [K, Q] between rounds for this.
+
+    α and β (and their momentum) are float64 on the CPU, so they are identical on every rank
+    and device; Ũ and A stay in the inputs' dtype and device. Rounds must be consecutive
+    and keep the same clients, decoders and decoder layers.
+
+    Args:
+        c: conflict-averse radius, c ∈ [0, 1) (paper: 0.4 best of 0.2-0.8).
+        rescale: divide Ũ by (1 + c²) (CAGrad's and the public code's default).
+        alpha_init: initial α (suppl. Tab. 4: 0.1).
+        beta_init: initial β (suppl. Tab. 4: 0.1).
+        hyper_lr: SGD learning rate of α and β (suppl. C: 0.01).
+        hyper_momentum: SGD momentum (suppl. C: 0.9).
+        hyper_weight_decay: SGD weight decay (suppl. C: 1e-4).
+        encoder: encoder aggregation, see above.
+        decoder: decoder aggregation, see above.
+    """
+
+    def __init__(
+        self,
+        c: float = 0.4,
+        rescale: bool = True,
+        alpha_init: float = 0.1,
+        beta_init: float = 0.1,
+        hyper_lr: float = 0.01,
+        hyper_momentum: float = 0.9,
+        hyper_weight_decay: float = 1e-4,
+        encoder: EncoderMode = "conflict_averse",
+        decoder: DecoderMode = "cross_attention",
+    ) -> None:
+        encoders: dict[str, Callable[[RoundInput], Tensor]] = {
+            "none": self._encoders_local,
+            "fedavg": self._encoders_fedavg,
+            "conflict_averse": self._encoders_conflict_averse,
+        }
+        decoders: dict[str, Callable[[RoundInput], Tensor]] = {
+            "none": self._decoders_local,
+            "fedavg": self._decoders_fedavg,
+            "cross_attention": self._decoders_cross_attention,
+        }
+        if encoder not in encoders:
+            raise ValueError(f"encoder must be one of {sorted(encoders)}, got {encoder!r}")
+        if decoder not in decoders:
+            raise ValueError(f"decoder must be one of {sorted(decoders)}, got {decoder!r}")
+        if not 0 <= c < 1:
+            raise ValueError(f"c must be in [0, 1), got {c!r}")
+        for name, value in [
+            ("hyper_lr", hyper_lr),
+            ("hyper_momentum", hyper_momentum),
+            ("hyper_weight_decay", hyper_weight_decay),
+        ]:
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        self.c = float(c)
+        self.rescale = bool(rescale)
+        self.alpha_init = float(alpha_init)
+        self.beta_init = float(beta_init)
+        self.hyper_lr = float(hyper_lr)
+        self.hyper_momentum = float(hyper_momentum)
+        self.hyper_weight_decay = float(hyper_weight_decay)
+        self.encoder = encoder
+        self.decoder = decoder
+        self._aggregate_encoders = encoders[encoder]
+        self._aggregate_decoders = decoders[decoder]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._round = 0  # the last round aggregated; 0 before the first
+        self._clients: list[str] = []  # names, for log_values and the consistency check
+        self._owners: list[tuple[int, str]] = []
+        self._layers: list[str] = []
+        self._alpha: Tensor | None = None  # [N] float64 CPU leaf, applied as clamp(α, 0, 1)
+        self._beta: Tensor | None = None  # [K, L]
+        self._optimizer: torch.optim.SGD | None = None
+        self._encoder_update: Tensor | None = None  # Ũ^(r) [P], as applied in the last round
+        self._decoder_update: Tensor | None = None  # A^(r) [K, Q]
+
+    # ------------------------------------------------------------------ aggregation
+
+    @torch.no_grad()
+    def aggregate(self, inputs: RoundInput) -> RoundOutput:
+        self._check_round(inputs)
+        if self._round == 0:
+            self._start(inputs)
+        # Each part first steps its hyper weights with this round's deltas and last round's
+        # Ũ or A (from round 2 on), then applies them.
+        encoders = self._aggregate_encoders(inputs)
+        decoders = self._aggregate_decoders(inputs)
+        self._round = inputs.round
+        return RoundOutput(encoders=encoders, decoders=decoders)
+
+    def _encoders_local(self, inputs: RoundInput) -> Tensor:
+        return inputs.encoders_prev + inputs.encoder_deltas
+
+    def _decoders_local(self, inputs: RoundInput) -> Tensor:
+        return inputs.decoders_prev + inputs.decoder_deltas
+
+    def _encoders_fedavg(self, inputs: RoundInput) -> Tensor:
+        # mean(prev + deltas), by linearity without another [N, P] temporary.
+        mean = mean_rows(inputs.encoders_prev) + mean_rows(inputs.encoder_deltas)
+        return mean.repeat(inputs.num_clients, 1)
+
+    def _decoders_fedavg(self, inputs: RoundInput) -> Tensor:
+        mean = mean_rows(inputs.decoders_prev) + mean_rows(inputs.decoder_deltas)
+        return mean.repeat(inputs.num_decoders, 1)
+
+    def _encoders_conflict_averse(self, inputs: RoundInput) -> Tensor:
+        deltas, n = inputs.encoder_deltas, inputs.num_clients
+        previous = self._encoder_update
+        # One float64 pass over the deltas: G = D Dᵀ and, from round 2, ⟨Δ_i, Ũ^(r-1)⟩ as an extra row.
+        blocks = [deltas] if previous is None else [deltas, previous.to(deltas.device)[None]]
+        gram = gram_matrix(blocks).cpu()
+        if previous is not None:
+            self._step(self._alpha, -gram[:n, n])
+        coefficients = conflict_averse_coefficients(gram[:n, :n], self.c, self.rescale)  # Ũ = vᵀ D
+        alpha = self._alpha.clamp(0, 1)  # as applied this round, after the update
+        # θ_i = prev_i + Σ_j (M_ij + clamp(α_i) v_j) Δ_j: M averages homogeneous groups, so the
+        # whole personalised update is one [N, N] × [N, P] product added to prev.
+        mixing = torch.zeros(n, n, dtype=torch.float64)
+        for group in inputs.homogeneous_groups():  # a handful of groups, N×N numbers
+            mixing[torch.tensor(group)[:, None], torch.tensor(group)] = 1.0 / len(group)
+        mixing += alpha[:, None] * coefficients[None, :]
+        like = dict(device=deltas.device, dtype=deltas.dtype)
+        self._encoder_update = coefficients.to(**like) @ deltas  # Ũ [P], kept for the next round
+        return torch.addmm(inputs.encoders_prev, mixing.to(**like), deltas)
+
+    def _decoders_cross_attention(self, inputs: RoundInput) -> Tensor:
+        deltas, layout = inputs.decoder_deltas, inputs.decoder_layout
+        previous = self._decoder_update
+        if previous is not None:
+            agreement = previous.to(deltas.device, torch.float64) * deltas.to(torch.float64)
+            self._step(self._beta, -layout.layer_sum(agreement).cpu())
+        attention = cross_attention_update_flat(deltas, layout)  # A [K, Q]
+        beta = self._beta.clamp(0, 1).to(device=deltas.device, dtype=deltas.dtype)
+        out = inputs.decoders_prev + deltas
+        out.addcmul_(beta[:, layout.layer_index(deltas.device)], attention)
+        self._decoder_update = attention
+        return out
+
+    def _step(self, weight: Tensor, gradient: Tensor) -> None:
+        """One SGD step of α or β, with the gradient passed only strictly inside (0, 1)."""
+        inside = (weight > 0) & (weight < 1)
+        weight.grad = torch.where(inside, gradient.to(torch.float64), 0.0)
+        # One optimiser holds α and β: a step moves only those with a gradient set.
+        self._optimizer.step()
+        weight.grad = None
+
+    # ------------------------------------------------------------------ state
+
+    def _check_round(self, inputs: RoundInput) -> None:
+        if self._round == 0:
+            if inputs.round != 1:
+                raise ValueError(
+                    f"FedHCA2 has no server state but got round {inputs.round}: start at round 1, "
+                    "or load_state_dict the checkpoint of round "
+                    f"{inputs.round - 1} first"
+                )
+            return
+        if inputs.round != self._round + 1:
+            raise ValueError(
+                f"FedHCA2 aggregated round {self._round} last; got round {inputs.round}. Rounds must be "
+                "consecutive (the hyper weights learn from the next round's deltas)"
+            )
+        now = (
+            [c.name for c in inputs.clients],
+            list(inputs.decoder_owners),
+            list(inputs.decoder_layout.layers),
+        )
+        before = (self._clients, self._owners, self._layers)
+        for what, a, b in zip(["clients", "decoders (owner, task)", "decoder layers"], before, now):
+            if a != b:
+                raise ValueError(
+                    f"FedHCA2's hyper weights belong to the {what} {a}; this round has {b}. The clients, "
+                    "their decoders and the decoder layers must stay the same across rounds"
+                )
+        for what, stored, shape in [
+            ("encoder update Ũ", self._encoder_update, (inputs.encoder_layout.numel,)),
+            ("decoder updates A", self._decoder_update, tuple(inputs.decoder_deltas.shape)),
+        ]:
+            if stored is not None and tuple(stored.shape) != shape:
+                raise ValueError(
+                    f"FedHCA2's stored {what} has shape {tuple(stored.shape)}; this round needs {shape}: "
+                    "the encoder and decoder layouts must stay the same across rounds"
+                )
+
+    def _start(self, inputs: RoundInput) -> None:
+        """Remember who the clients are and create α [N] and β [K, L] at their initial values."""
+        self._clients = [c.name for c in inputs.clients]
+        self._owners = list(inputs.decoder_owners)
+        self._layers = list(inputs.decoder_layout.layers)
+        alpha = beta = None
+        if self.encoder == "conflict_averse":
+            alpha = torch.full((inputs.num_clients,), self.alpha_init, dtype=torch.float64)
+        if self.decoder == "cross_attention":
+            shape = (inputs.num_decoders, len(self._layers))
+            beta = torch.full(shape, self.beta_init, dtype=torch.float64)
+        self._set_weights(alpha, beta)
+
+    def _set_weights(self, alpha: Tensor | None, beta: Tensor | None) -> None:
+        self._alpha = None if alpha is None else alpha.detach().clone().requires_grad_(True)
+        self._beta = None if beta is None else beta.detach().clone().requires_grad_(True)
+        params = [p for p in (self._alpha, self._beta) if p is not None]
+        self._optimizer = (
+            torch.optim.SGD(
+                params,
+                lr=self.hyper_lr,
+                momentum=self.hyper_momentum,
+                weight_decay=self.hyper_weight_decay,
+            )
+            if params
+            else None
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """α, β, their SGD state, the last Ũ and A, the round, and whom the weights belong to.
+
+        Tensors and plain values only (``torch.load(weights_only=True)`` reads it back). α, β
+        and the optimiser state are copies; Ũ and A are returned as they are (the aggregator
+        replaces them each round, never modifies them in place).
+        """
+        return {
+            "round": self._round,
+            "encoder": self.encoder,
+            "decoder": self.decoder,
+            "clients": list(self._clients),
+            "decoder_owners": [[i, task] for i, task in self._owners],
+            "decoder_layers": list(self._layers),
+            "alpha": None if self._alpha is None else self._alpha.detach().clone(),
+            "beta": None if self._beta is None else self._beta.detach().clone(),
+            "optimizer": None if self._optimizer is None else copy.deepcopy(self._optimizer.state_dict()),
+            "encoder_update": self._encoder_update,
+            "decoder_update": self._decoder_update,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if set(state) != _STATE_KEYS:
+            raise ValueError(f"not a FedHCA2 state: keys {sorted(state)}; expected {sorted(_STATE_KEYS)}")
+        if (state["encoder"], state["decoder"]) != (self.encoder, self.decoder):
+            raise ValueError(
+                f"the state is from FedHCA2(encoder={state['encoder']!r}, decoder={state['decoder']!r}); "
+                f"this one has encoder={self.encoder!r}, decoder={self.decoder!r}"
+            )
+        self._reset()
+        self._round = int(state["round"])
+        if self._round == 0:
+            return
+        for key, used in [
+            ("alpha", self.encoder == "conflict_averse"),
+            ("beta", self.decoder == "cross_attention"),
+        ]:
+            if (state[key] is not None) != used:
+                raise ValueError(
+                    f"FedHCA2 state of round {self._round}: {key} is {'missing' if used else 'unexpected'}"
+                )
+        self._clients = [str(name) for name in state["clients"]]
+        self._owners = [(int(i), str(task)) for i, task in state["decoder_owners"]]
+        self._layers = [str(layer) for layer in state["decoder_layers"]]
+        self._set_weights(state["alpha"], state["beta"])
+        if self._optimizer is not None:
+            self._optimizer.load_state_dict(state["optimizer"])
+        self._encoder_update = state["encoder_update"]
+        self._decoder_update = state["decoder_update"]
+
+    def log_values(self) -> dict[str, float]:
+        """``alpha/<client>`` and ``beta/<client>/<task>/<layer>``: the clamped weights as applied."""
+        values: dict[str, float] = {}
+        if self._alpha is not None:
+            for name, a in zip(self._clients, self._alpha.detach().clamp(0, 1).tolist()):
+                values[f"alpha/{name}"] = a
+        if self._beta is not None:
+            for (i, task), row in zip(self._owners, self._beta.detach().clamp(0, 1).tolist()):
+                for layer, b in zip(self._layers, row):
+                    values[f"beta/{self._clients[i]}/{task}/{layer}"] = b
+        return values
+
+    def log_matrices(self) -> dict[str, tuple[list[str], list[str], Tensor]]:
+        """``beta``: the clamped β as applied, one row per decoder (``client / task``), one
+        column per decoder layer (the paper's Fig. 7)."""
+        if self._beta is None:
+            return {}
+        rows = [f"{self._clients[i]} / {task}" for i, task in self._owners]
+        return {"beta": (rows, list(self._layers), self._beta.detach().clamp(0, 1).float())}
+
+    def __repr__(self) -> str:
+        return (
+            f"FedHCA2(c={self.c}, rescale={self.rescale}, alpha_init={self.alpha_init}, "
+            f"beta_init={self.beta_init}, hyper_lr={self.hyper_lr}, hyper_momentum={self.hyper_momentum}, "
+            f"hyper_weight_decay={self.hyper_weight_decay}, encoder={self.encoder!r}, decoder={self.decoder!r})"
+        )

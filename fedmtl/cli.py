@@ -45,7 +45,16 @@ def synth(
     """
     from fedmtl.data.synth import generate
 
-    out = generate(dataset, root, num_train=num_train, num_val=num_val, size=size, seed=seed, workers=workers)
+    out = generate(
+        dataset,
+        root,
+        num_train=num_train,
+        num_val=num_val,
+        size=size,
+        seed=seed,
+        workers=workers,
+        progress=_terminal(),
+    )
     print(f"wrote {num_train} train + {num_val} val {dataset} images to {out}")
 
 
@@ -83,6 +92,11 @@ def _parser() -> ArgumentParser:
     return parser
 
 
+def _terminal() -> bool:
+    """Progress bars on a terminal; in logs (CI) they would be noise."""
+    return sys.stderr.isatty()
+
+
 def _is_leader() -> bool:
     """The process that a user started (or rank 0 of a torchrun / SLURM launch). Fabric's
     own launcher re-runs the command for the other local ranks with LOCAL_RANK set."""
@@ -109,7 +123,15 @@ def _ensure_data(cfg: Any) -> None:
             continue
         folder = Path(root) / spec.root_folder
         print(f"generating synthetic {dataset} data in {folder} (first use)", file=sys.stderr)
-        generate(dataset, folder, num_train=s.num_train, num_val=s.num_val, size=tuple(s.size), seed=s.seed)
+        generate(
+            dataset,
+            folder,
+            num_train=s.num_train,
+            num_val=s.num_val,
+            size=tuple(s.size),
+            seed=s.seed,
+            progress=_terminal(),
+        )
 
 
 def format_results(summary: dict[str, Any]) -> str:

@@ -325,14 +325,20 @@ class Simulation:
             for i in self.mine:
                 self.store.put(i, self._initial_state(i))
             return 1
+        done = self.restore(folder)
+        if self.fabric.global_rank == 0:
+            print(f"resume: continuing after round {done} from {folder}", file=sys.stderr)
+        return done + 1
+
+    def restore(self, folder: Path) -> int:
+        """Load a checkpoint: this rank's clients, the server state, the history. Returns
+        the round it was written after."""
         server = checkpoint.load_server(folder)
         self.aggregator.load_state_dict(server["aggregator"])
         self.history = server["history"]
         for i in self.mine:
             self.store.put(i, checkpoint.load_client(folder, i))
-        if self.fabric.global_rank == 0:
-            print(f"resume: continuing after round {server['round']} from {folder}", file=sys.stderr)
-        return int(server["round"]) + 1
+        return int(server["round"])
 
     def _checkpoint(self) -> None:
         for i in self.mine:
@@ -455,23 +461,28 @@ def _limit_threads(fabric: L.Fabric, cfg: RunConfig) -> None:
         torch.set_num_threads(cfg.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, cfg.devices)))
 
 
+def _launch(cfg: RunConfig, loggers: list | None = None) -> L.Fabric:
+    """Fabric with the config's devices, launched (on CPU, with its thread budget)."""
+    fabric = L.Fabric(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        precision=cfg.precision,
+        strategy="ddp" if cfg.devices * cfg.num_nodes > 1 else "auto",
+        loggers=loggers,
+    )
+    fabric.launch()
+    _limit_threads(fabric, cfg)
+    return fabric
+
+
 def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Launch Fabric with ``cfg``'s devices and run the simulation.
 
     Returns the results summary on global rank 0 and None on the other ranks."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    strategy = "ddp" if cfg.devices * cfg.num_nodes > 1 else "auto"
-    fabric = L.Fabric(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        precision=cfg.precision,
-        strategy=strategy,
-        loggers=create_loggers(cfg.logger, run_dir, config_dict or {}),
-    )
-    fabric.launch()
-    _limit_threads(fabric, cfg)
+    fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
     fabric.seed_everything(cfg.seed, verbose=False)
     summary = Simulation(fabric, cfg).fit()
     return summary if fabric.global_rank == 0 else None
@@ -484,22 +495,11 @@ def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str,
         raise FileNotFoundError(
             f"no checkpoint in {Path(cfg.run_dir) / 'checkpoints'}: run `fedmtl fit` first"
         )
-    strategy = "ddp" if cfg.devices * cfg.num_nodes > 1 else "auto"
-    fabric = L.Fabric(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        precision=cfg.precision,
-        strategy=strategy,
-    )
-    fabric.launch()
-    _limit_threads(fabric, cfg)
+    fabric = _launch(cfg)
     sim = Simulation(fabric, cfg)
     sim._setup_layouts()
-    for i in sim.mine:
-        sim.store.put(i, checkpoint.load_client(folder, i))
-    server = checkpoint.load_server(folder)
-    summary = sim.summary(sim.evaluate(), rounds=int(server["round"]))
+    rounds = sim.restore(folder)
+    summary = sim.summary(sim.evaluate(), rounds=rounds)
     if fabric.global_rank != 0:
         return None
     if output is not None:

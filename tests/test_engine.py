@@ -187,3 +187,12 @@ def test_two_cpu_processes_give_the_results_of_one(tmp_path, data_root):
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two == one
+
+
+def test_a_disk_store_gives_the_results_of_a_memory_store_and_cleans_up(tmp_path, data_root):
+    config = _config(tmp_path, data_root, algorithm={"class_path": "FedAvg"}, rounds=2)
+    memory = _fit(config, tmp_path / "memory")
+    disk = _fit(config, tmp_path / "disk", "--store", "disk")
+    assert disk == memory
+    assert not list((tmp_path / "disk" / "store").rglob("*.pt"))  # the checkpoint keeps the states
+    assert checkpoint.latest(tmp_path / "disk").name == "round_0002"

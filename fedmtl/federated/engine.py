@@ -452,6 +452,7 @@ class Simulation:
             logger.finalize("success")
             if self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger":
                 logger.experiment.finish()  # flush the offline run before the process exits
+        self.store.clear()  # the final checkpoint holds every client's state
         return summary
 
 

@@ -13,6 +13,7 @@ strings only, never arbitrary pickled objects.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ class ClientStore:
         if self.kind == "memory":
             return self._states[client]
         return safe_load(self._path(client))
+
+    def clear(self) -> None:
+        """Forget every state (a disk store removes its files; the checkpoint keeps a copy)."""
+        self._states.clear()
+        if self.kind == "disk" and self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __contains__(self, client: int) -> bool:
         return client in self._states if self.kind == "memory" else self._path(client).is_file()

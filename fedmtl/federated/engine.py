@@ -311,7 +311,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ the run
 
-    def _setup_layouts(self) -> None:
+    def setup_layouts(self) -> None:
+        """The flat layouts of an encoder and a decoder (the same for every client)."""
         probe = self._module(self.mine[0] if self.mine else 0)
         self.enc_layout = FlatLayout.from_module(probe.model.encoder)
         self.dec_layout = FlatLayout.from_module(next(iter(probe.model.decoders.values())))
@@ -394,7 +395,7 @@ class Simulation:
     def fit(self) -> dict[str, Any]:
         """Rounds from the first not yet done to ``cfg.rounds``; writes results.json."""
         cfg = self.cfg
-        self._setup_layouts()
+        self.setup_layouts()
         first = self._start()
         is_zero = self.fabric.global_rank == 0
         for logger in self.fabric.loggers:
@@ -498,7 +499,7 @@ def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str,
         )
     fabric = _launch(cfg)
     sim = Simulation(fabric, cfg)
-    sim._setup_layouts()
+    sim.setup_layouts()
     rounds = sim.restore(folder)
     summary = sim.summary(sim.evaluate(), rounds=rounds)
     if fabric.global_rank != 0:

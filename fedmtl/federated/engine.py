@@ -80,6 +80,8 @@ class Simulation:
             for i, s in enumerate(self.specs)
         ]
         self.owners = decoder_owners_of(self.clients)
+        # Row of each client's first decoder in the round's decoder stack (owners are by client).
+        self._first_decoder = {i: self.owners.index((i, s.tasks[0])) for i, s in enumerate(self.specs)}
         self.history: list[dict[str, Any]] = []
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and _interactive()
@@ -129,22 +131,14 @@ class Simulation:
         # same seed on every rank makes the start independent of where the client trains.
         torch.manual_seed(_seed(self.cfg.seed, "init"))
         module = ClientModule(self.specs[i], self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
-        optimizer, scheduler = module.configure_optimizers()
-        return {
-            "model": module.model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "epochs_done": 0,
-        }
+        return _client_state(module, *module.configure_optimizers(), epochs_done=0)
 
-    def _materialise(self, i: int) -> tuple[ClientModule, Any, Any, ClientState]:
+    def _materialise(self, i: int) -> tuple[ClientModule, ClientState]:
+        """Client ``i``'s model on the device, with its parameters and buffers from the store."""
         state = self.store.get(i)
         module = self._module(i)
         module.model.load_state_dict(state["model"])
-        optimizer, scheduler = module.configure_optimizers()
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        return module, optimizer, scheduler, state
+        return module, state
 
     def _loader(self, dataset: DenseDataset, batch_size: int, shuffle_seed: int | None) -> DataLoader:
         generator = torch.Generator().manual_seed(shuffle_seed) if shuffle_seed is not None else None
@@ -184,13 +178,18 @@ class Simulation:
         """Local training of client ``i``: writes its parameter rows, returns mean losses
         (one column per task, the total last)."""
         spec = self.specs[i]
-        module, optimizer, scheduler, state = self._materialise(i)
+        module, state = self._materialise(i)
+        optimizer, scheduler = module.configure_optimizers()
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         decoders = [module.model.decoders[t] for t in spec.tasks]
         rows["enc_prev"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
         optimizer = self.fabric.setup_optimizers(optimizer)
         dataset = self._train_data[i]
-        sums = torch.zeros(len(TASK_SLOTS) + 1, dtype=torch.float64)
+        # Summed on the device: reading a loss with .item() every step would stall a GPU.
+        sums = torch.zeros(len(TASK_SLOTS) + 1, dtype=torch.float64, device=self.fabric.device)
+        slots = [TASK_SLOTS[task] for task in spec.tasks]
         steps = 0
         module.train()
         for _ in range(spec.local_epochs):
@@ -205,9 +204,8 @@ class Simulation:
                 self.fabric.backward(losses["total"])
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                sums[-1] += losses["total"].item()
-                for task in spec.tasks:
-                    sums[TASK_SLOTS[task]] += losses[task].item()
+                sums[-1] += losses["total"].detach()
+                sums[slots] += torch.stack([losses[task].detach() for task in spec.tasks]).to(sums.dtype)
                 steps += 1
             state["epochs_done"] = epoch + 1
             scheduler.step(state["epochs_done"])
@@ -215,16 +213,8 @@ class Simulation:
         rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
         rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
-        self.store.put(
-            i,
-            {
-                "model": module.model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "epochs_done": state["epochs_done"],
-            },
-        )
-        return sums / max(steps, 1)
+        self.store.put(i, _client_state(module, optimizer, scheduler, state["epochs_done"]))
+        return (sums / max(steps, 1)).cpu()
 
     def _train_round(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         rows = self._round_buffers()
@@ -272,16 +262,13 @@ class Simulation:
 
     def _write_back(self, encoders: torch.Tensor, decoders: torch.Tensor) -> None:
         """Put the server's new encoder / decoder parameters into this rank's stored clients."""
-        first_decoder = {}
-        for k, (i, _task) in enumerate(self.owners):
-            first_decoder.setdefault(i, k)
         for i in self.mine:
             state = self.store.get(i)
             model = state["model"]
             for name, value in self.enc_layout.unflatten(encoders[i]).items():
                 model[f"encoder.{name}"] = value.detach().to("cpu", model[f"encoder.{name}"].dtype).clone()
             for j, task in enumerate(self.specs[i].tasks):
-                row = decoders[first_decoder[i] + j]
+                row = decoders[self._first_decoder[i] + j]
                 for name, value in self.dec_layout.unflatten(row).items():
                     key = f"decoders.{task}.{name}"
                     model[key] = value.detach().to("cpu", model[key].dtype).clone()
@@ -291,13 +278,13 @@ class Simulation:
         return self.fabric.all_reduce(table, reduce_op="sum") if self.world > 1 else table
 
     @torch.no_grad()
-    def evaluate(self, clients: list[int] | None = None) -> dict[str, dict[str, float]]:
+    def evaluate(self) -> dict[str, dict[str, float]]:
         """Task metrics of every client on its dataset's full validation split."""
         table = torch.zeros(len(self.specs), len(TASK_SLOTS), dtype=torch.float64, device=self.fabric.device)
-        for i in self.mine if clients is None else clients:
+        for i in self.mine:
             if i not in self._val_data:
                 self._val_data[i] = self._dataset(i, "val")
-            module, *_ = self._materialise(i)
+            module, _ = self._materialise(i)
             module.eval()
             for batch in self._batches(self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)):
                 with self.fabric.autocast():
@@ -455,6 +442,16 @@ class Simulation:
                 logger.experiment.finish()  # flush the offline run before the process exits
         self.store.clear()  # the final checkpoint holds every client's state
         return summary
+
+
+def _client_state(module: ClientModule, optimizer: Any, scheduler: Any, epochs_done: int) -> ClientState:
+    """What the store and the checkpoint keep of a client between rounds."""
+    return {
+        "model": module.model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epochs_done": epochs_done,
+    }
 
 
 def _limit_threads(fabric: L.Fabric, cfg: RunConfig) -> None:

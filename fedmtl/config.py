@@ -14,8 +14,28 @@ from typing import Literal
 
 from jsonargparse import lazy_instance
 
-from fedmtl.aggregation import Aggregator, Local
-from fedmtl.federated.client import ModelConfig, OptimizerConfig
+from fedmtl.methods import Local, Method
+from fedmtl.models.backbone import DEFAULT_BACKBONE
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The client model; every client of a run uses the same encoder architecture."""
+
+    backbone: str = DEFAULT_BACKBONE  # timm name or swin_t / swin_s / swin_b
+    pretrained_file: str | None = None  # local weights file; nothing is downloaded
+    embed_dim: int | None = None  # decoder width; None: the encoder's first-scale channels
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with a per-epoch warm-up cosine schedule (paper 4.1, suppl. C)."""
+
+    lr: float = 1e-4
+    weight_decay: float = 1e-4
+    warmup_epochs: int = 5  # counted in local epochs
+    warmup_lr: float = 1.25e-7  # learning rate at the first warm-up epoch
+    min_lr: float = 1.25e-6  # floor of the cosine
 
 
 @dataclass
@@ -78,7 +98,7 @@ class RunConfig:
 
     clients: list[ClientGroup]
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: Aggregator = field(default_factory=lambda: lazy_instance(Local))  # class_path / init_args
+    algorithm: Method = field(default_factory=lambda: lazy_instance(Local))  # class_path / init_args
     data: DataConfig = field(default_factory=DataConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -11,8 +11,11 @@ still carries a gradient path, so a multi-task step never sees NaN.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 IGNORE_INDEX = 255
 
@@ -73,3 +76,16 @@ def l1(pred: torch.Tensor, target: torch.Tensor, normalize: bool = False) -> tor
     loss = (pred[valid] - target[valid]).abs().sum()
     n_valid_pixels = valid[:, 0].sum().clamp(min=1)
     return loss / n_valid_pixels
+
+
+def proximal_term(params: Sequence[Tensor], anchors: Sequence[Tensor], coefficient: float) -> Tensor:
+    """coefficient/2 · Σ_i ‖params_i − anchors_i‖²: the squared (not plain) norm that FedProx,
+    Ditto and FedAMP add to the client loss. Differentiable in ``params``; the anchors are
+    detached snapshots. Its gradient is coefficient·(p − a), never zero while p ≠ a (the
+    public codes' ``p.data − a.data`` form has no gradient at all)."""
+    if len(params) != len(anchors):
+        raise ValueError(f"{len(params)} parameters but {len(anchors)} anchors")
+    if not params:
+        raise ValueError("a proximal term needs at least one parameter")
+    total = sum(((p - a.detach()) ** 2).sum() for p, a in zip(params, anchors, strict=True))
+    return 0.5 * coefficient * total

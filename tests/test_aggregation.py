@@ -6,20 +6,23 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
-import fedmtl.aggregation as aggregation
+import fedmtl.methods as methods
 from fedmtl.aggregation import (
-    AGGREGATORS,
     Aggregator,
     ClientInfo,
-    FedAvg,
     FlatLayout,
-    Local,
     RoundInput,
     RoundOutput,
-    create_aggregator,
     decoder_owners_of,
     mean_rows,
-    register_aggregator,
+)
+from fedmtl.methods import (
+    METHODS,
+    FedAvg,
+    Local,
+    Method,
+    create_method,
+    register_method,
 )
 from fedmtl.models import MultiTaskModel
 
@@ -230,50 +233,49 @@ def test_client_info_validation():
 # --- registry, configs, state ---------------------------------------------------------
 
 
-def test_registry_holds_the_aggregators_by_class_name():
-    assert {"FedAvg", "Local"} <= set(AGGREGATORS.names())
-    assert AGGREGATORS.get("FedAvg") is FedAvg
-    agg = create_aggregator("FedAvg", weighted=True)
+def test_registry_holds_the_methods_by_class_name():
+    assert {"FedAvg", "Local"} <= set(METHODS.names())
+    assert METHODS.get("FedAvg") is FedAvg
+    agg = create_method("FedAvg", weighted=True)
     assert isinstance(agg, FedAvg) and agg.weighted
-    with pytest.raises(KeyError, match=r"unknown aggregator 'FedAvgg'; known: .*FedAvg, .*Local"):
-        AGGREGATORS.get("FedAvgg")
+    with pytest.raises(KeyError, match=r"unknown method 'FedAvgg'; known: .*FedAvg, .*Local"):
+        METHODS.get("FedAvgg")
 
 
-def test_register_rejects_non_aggregators_and_duplicates():
-    with pytest.raises(TypeError, match="only Aggregator subclasses"):
-        register_aggregator(dict)
-    with pytest.raises(KeyError, match="aggregator 'Local' is registered twice"):
-        register_aggregator(Local)
+def test_register_rejects_non_methods_and_duplicates():
+    with pytest.raises(TypeError, match="only Method subclasses"):
+        register_method(dict)
+    with pytest.raises(KeyError, match="method 'Local' is registered twice"):
+        register_method(Local)
 
 
-@pytest.mark.parametrize("name", AGGREGATORS.names())
-def test_every_registered_aggregator_is_exported_and_resolves_as_a_class_path(name):
-    assert getattr(aggregation, name) is AGGREGATORS.get(name)
-    assert name in aggregation.__all__
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_registered_method_is_exported_and_resolves_as_a_class_path(name):
+    assert getattr(methods, name) is METHODS.get(name)
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--algorithm", type=Aggregator)
+    parser.add_argument("--algorithm", type=Method)
     config = parser.parse_args(["--algorithm", f'{{"class_path": "{name}"}}'])
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    assert type(instantiate(config).algorithm) is AGGREGATORS.get(name)
+    assert type(instantiate(config).algorithm) is METHODS.get(name)
 
 
 def test_fedavg_init_args_come_from_a_config():
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--algorithm", type=Aggregator)
+    parser.add_argument("--algorithm", type=Method)
     config = parser.parse_args(["--algorithm", '{"class_path": "FedAvg", "init_args": {"weighted": true}}'])
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
     algorithm = instantiate(config).algorithm
     assert isinstance(algorithm, FedAvg) and algorithm.weighted is True
 
 
-@pytest.mark.parametrize("name", AGGREGATORS.names())
-def test_every_registered_aggregator_state_survives_a_weights_only_checkpoint(name, tmp_path):
-    aggregator = create_aggregator(name)
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_registered_method_state_survives_a_weights_only_checkpoint(name, tmp_path):
+    aggregator = create_method(name)
     aggregator.aggregate(_round())
     path = tmp_path / "server.pt"
     torch.save(aggregator.state_dict(), path)
     state = torch.load(path, weights_only=True)
-    fresh = create_aggregator(name)
+    fresh = create_method(name)
     fresh.load_state_dict(state)
     assert repr(fresh.state_dict()) == repr(aggregator.state_dict())
     assert all(isinstance(v, float) for v in aggregator.log_values().values())

@@ -9,18 +9,20 @@ from jsonargparse import ArgumentParser
 from torch import nn
 
 from fedmtl.aggregation import (
-    AGGREGATORS,
-    Aggregator,
     ClientInfo,
-    FedAvg,
-    FedHCA2,
     FlatLayout,
-    Local,
     RoundInput,
     conflict_averse_update,
-    create_aggregator,
     cross_attention_update_flat,
     decoder_owners_of,
+)
+from fedmtl.methods import (
+    METHODS,
+    FedAvg,
+    FedHCA2,
+    Local,
+    Method,
+    create_method,
 )
 from fedmtl.models import FCNDecoder
 
@@ -572,9 +574,9 @@ def test_rounds_must_be_consecutive_and_clients_stay_the_same():
 
 
 def test_registered_and_built_from_a_config_with_init_args():
-    assert AGGREGATORS.get("FedHCA2") is FedHCA2
+    assert METHODS.get("FedHCA2") is FedHCA2
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--algorithm", type=Aggregator)
+    parser.add_argument("--algorithm", type=Method)
     config = parser.parse_args(
         [
             "--algorithm",
@@ -594,7 +596,7 @@ def test_registered_and_built_from_a_config_with_init_args():
     assert algorithm.alpha_init == 0.1 and algorithm.hyper_momentum == 0.9  # defaults stay
     with pytest.raises(Exception, match="conflict_averse"):
         parser.parse_args(["--algorithm", '{"class_path": "FedHCA2", "init_args": {"encoder": "cagrad"}}'])
-    assert isinstance(create_aggregator("FedHCA2", c=0.6), FedHCA2)
+    assert isinstance(create_method("FedHCA2", c=0.6), FedHCA2)
 
 
 def test_bad_options_are_rejected():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from fedmtl.models import FCNDecoder, MultiTaskModel, create_encoder, parameter_layers
+from fedmtl.aggregation.flat import parameter_layers
+from fedmtl.models import FCNDecoder, MultiTaskModel, create_encoder
 from fedmtl.tasks import get_task, multi_task_loss
 
 PASCAL = ("semseg", "human_parts", "sal", "normals", "edge")

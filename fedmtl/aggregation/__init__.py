@@ -1,51 +1,55 @@
-"""Server-side aggregation: flat parameter layouts, the aggregator API, and the aggregators.
+"""Server-side aggregation math: flat parameter layouts, the round's inputs and outputs, the
+aggregator contract, and pure functions over stacked flat parameters.
 
-Importing this package registers every aggregator in ``AGGREGATORS`` and makes each one
-importable from here, so a config's ``class_path: FedAvg`` resolves.
+Methods (``fedmtl.methods``) are aggregators with client-side behaviour; this package knows
+nothing of models or clients beyond their flat parameters.
 """
 
 from fedmtl.aggregation.base import (
-    AGGREGATORS,
     Aggregator,
     ClientInfo,
     RoundInput,
     RoundOutput,
-    create_aggregator,
     decoder_owners_of,
-    register_aggregator,
 )
-from fedmtl.aggregation.fedavg import FedAvg
-from fedmtl.aggregation.fedhca2 import FedHCA2
-from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.aggregation.flat import FlatLayout, parameter_layers
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     conflict_averse_update,
     conflict_averse_weights,
+    cosine_clusters,
     cross_attention_update,
     cross_attention_update_flat,
+    fedamp_weights,
     gram_matrix,
+    group_means,
+    group_means_to,
+    heuristic_fedamp_weights,
     mean_rows,
+    mix_rows,
+    squared_distances,
 )
-from fedmtl.aggregation.local import Local
 
 __all__ = [
-    "AGGREGATORS",
     "Aggregator",
     "ClientInfo",
-    "FedAvg",
-    "FedHCA2",
     "FlatLayout",
-    "Local",
     "RoundInput",
     "RoundOutput",
     "conflict_averse_coefficients",
     "conflict_averse_update",
     "conflict_averse_weights",
-    "create_aggregator",
+    "cosine_clusters",
     "cross_attention_update",
     "cross_attention_update_flat",
     "decoder_owners_of",
+    "fedamp_weights",
     "gram_matrix",
+    "group_means",
+    "group_means_to",
+    "heuristic_fedamp_weights",
     "mean_rows",
-    "register_aggregator",
+    "mix_rows",
+    "parameter_layers",
+    "squared_distances",
 ]

@@ -6,8 +6,8 @@ decoder and never touches a model: the engine flattens the models into a :class:
 and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads are never
 aggregated (REFERENCE.md, "Setting"), so they appear in neither.
 
-Aggregators are registered in ``AGGREGATORS`` under their class name, the same name
-jsonargparse resolves in ``class_path: FedAvg``.
+Every federated method (``fedmtl.methods``) is an aggregator plus its client behaviour; this
+module only knows the server side.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import Tensor
 
 from fedmtl.aggregation.flat import FlatLayout
-from fedmtl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,9 @@ class RoundInput:
     decoder_owners: list[tuple[int, str]]  # K (client index, task); see decoder_owners_of
     decoders_prev: Tensor  # [K, Q]
     decoder_deltas: Tensor  # [K, Q]
+    # Clients that trained this round (sorted); None: all. The others' rows hold their current
+    # parameters and zero deltas (client sampling, ``Method.participation``).
+    participants: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 1:
@@ -89,6 +91,16 @@ class RoundInput:
             raise ValueError(f"client names must be unique, got {names}")
         self.decoder_owners = [(int(i), str(t)) for i, t in self.decoder_owners]
         self._check_owners()
+        if self.participants is not None:
+            self.participants = tuple(int(i) for i in self.participants)
+            if not self.participants or list(self.participants) != sorted(set(self.participants)):
+                raise ValueError(
+                    f"participants must be sorted, unique and non-empty, got {list(self.participants)}"
+                )
+            if not 0 <= self.participants[0] <= self.participants[-1] < self.num_clients:
+                raise ValueError(
+                    f"participants {list(self.participants)} name a client outside 0..{self.num_clients - 1}"
+                )
         _check_pair(
             "encoders",
             self.encoders_prev,
@@ -131,6 +143,17 @@ class RoundInput:
     @property
     def num_decoders(self) -> int:
         return len(self.decoder_owners)
+
+    @property
+    def participating_clients(self) -> list[int]:
+        """Indices of the clients that trained this round (all of them unless sampled)."""
+        return list(range(self.num_clients)) if self.participants is None else list(self.participants)
+
+    @property
+    def participating_decoders(self) -> list[int]:
+        """Rows of the decoders whose owner trained this round."""
+        taking_part = set(self.participating_clients)
+        return [k for k, (i, _) in enumerate(self.decoder_owners) if i in taking_part]
 
     @property
     def client_num_samples(self) -> list[int]:
@@ -183,8 +206,8 @@ class Aggregator(abc.ABC):
     A subclass implements :meth:`aggregate`, a function of the round's flat parameters and
     of the aggregator's own state. Server state (FedHCA²'s hyper weights α and β) is
     checkpointed through :meth:`state_dict` / :meth:`load_state_dict`; scalars worth
-    logging each round come from :meth:`log_values`. Register a subclass with
-    :func:`register_aggregator` and export it from ``fedmtl.aggregation``.
+    logging each round come from :meth:`log_values`. A method (``fedmtl.methods.Method``)
+    is an aggregator with client-side hooks.
     """
 
     @abc.abstractmethod
@@ -208,24 +231,6 @@ class Aggregator(abc.ABC):
         """Matrices to draw as heatmaps after a round: name -> (row labels, column labels,
         values [rows, columns]), e.g. FedHCA²'s β per decoder and layer; empty by default."""
         return {}
-
-
-AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
-
-AggregatorT = TypeVar("AggregatorT", bound=Aggregator)
-
-
-def register_aggregator(cls: type[AggregatorT]) -> type[AggregatorT]:
-    """Class decorator: register an :class:`Aggregator` subclass under its class name."""
-    if not (isinstance(cls, type) and issubclass(cls, Aggregator)):
-        raise TypeError(f"only Aggregator subclasses can be registered, got {cls!r}")
-    AGGREGATORS.add(cls.__name__, cls)
-    return cls
-
-
-def create_aggregator(name: str, **kwargs: Any) -> Aggregator:
-    """Build a registered aggregator by class name, e.g. ``create_aggregator("FedAvg", weighted=True)``."""
-    return AGGREGATORS.get(name)(**kwargs)
 
 
 def _check_pair(

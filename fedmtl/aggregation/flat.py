@@ -3,7 +3,7 @@
 The server works on stacked flat vectors ([clients, numel]) so that an aggregation is a
 handful of batched tensor ops, not Python loops over clients and parameter tensors. A
 :class:`FlatLayout` records where each parameter lives in the vector and which *layer* owns
-it: the submodule holding it directly, from :func:`fedmtl.models.parameter_layers`. So
+it: the submodule holding it directly, from :func:`parameter_layers`. So
 per-layer quantities (FedHCA²'s β, one per decoder layer) come from module structure, never
 from the spelling of state_dict keys.
 
@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-
-from fedmtl.models.decoder import parameter_layers
 
 Source = nn.Module | Mapping[str, Tensor]
 
@@ -235,6 +233,15 @@ class FlatLayout:
             raise ValueError(
                 f"{what} takes a tensor [..., {self.numel}] (the layout's numel), got shape {tuple(x.shape)}"
             )
+
+
+def parameter_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The submodules that own parameters directly, by qualified name, in definition order.
+
+    For the FCN decoder (``fedmtl.models.FCNDecoder``) these are its six layers; FedHCA² learns
+    one β per layer. Only module structure decides, never the spelling of parameter names.
+    """
+    return {name: m for name, m in module.named_modules() if any(True for _ in m.parameters(recurse=False))}
 
 
 def _numel(shape: tuple[int, ...]) -> int:

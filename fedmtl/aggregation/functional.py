@@ -325,3 +325,153 @@ def _attend(v: Tensor) -> Tensor:
     x = v.to(torch.float64)
     scores = (x @ x.T) / math.sqrt(v.shape[1])
     return (torch.softmax(scores, dim=-1) @ x).to(v.dtype)
+
+
+# --- Means within groups (FedAvg's scopes, MaT-FL's clusters) ------------------------------
+
+
+def group_means(
+    prev: Tensor, deltas: Tensor, groups: Sequence[Sequence[int]], weights: Sequence[float] | None = None
+) -> Tensor:
+    """Every row of a group replaced by the group's mean trained row: [M, D] -> [M, D] (new).
+
+    Row m of the result is mean_{j ∈ g}(prev_j + deltas_j) for the group g holding m (weighted
+    by ``weights`` [M] when given); rows in no group keep prev_m + deltas_m. Groups must not
+    overlap. ``targets`` of a group are its members; see :func:`group_means_to` to write a
+    group's mean into rows outside it (non-participants of a round).
+    """
+    return group_means_to(prev, deltas, [(g, g) for g in groups], weights)
+
+
+def group_means_to(
+    prev: Tensor,
+    deltas: Tensor,
+    groups: Sequence[tuple[Sequence[int], Sequence[int]]],
+    weights: Sequence[float] | None = None,
+) -> Tensor:
+    """Like :func:`group_means`, with (sources, targets) pairs: the mean of the source rows'
+    trained parameters is written into the target rows. Rows that are no target keep
+    prev_m + deltas_m; a row may be the target of one group only.
+
+    The mean is mean(prev) + mean(deltas), by linearity, so a group of all rows costs no
+    [M, D] temporary (and gives the same bits as FedAvg's mean of the whole stack).
+    """
+    if prev.shape != deltas.shape or prev.ndim != 2:
+        raise ValueError(
+            f"prev and deltas must be equal stacks [M, D], got {tuple(prev.shape)}, {tuple(deltas.shape)}"
+        )
+    m = prev.shape[0]
+    means: list[tuple[list[int], Tensor]] = []
+    seen: set[int] = set()
+    for sources, targets in groups:
+        sources, targets = [int(i) for i in sources], [int(i) for i in targets]
+        if not sources or not targets:
+            continue
+        if not all(0 <= i < m for i in (*sources, *targets)):
+            raise ValueError(f"group ({sources}, {targets}) names a row outside 0..{m - 1}")
+        if seen & set(targets):
+            raise ValueError(f"rows {sorted(seen & set(targets))} are targets of two groups")
+        seen |= set(targets)
+        w = None if weights is None else [weights[i] for i in sources]
+        if sources == list(range(m)):
+            mean = mean_rows(prev, w) + mean_rows(deltas, w)
+        else:
+            index = torch.tensor(sources, device=prev.device)
+            mean = mean_rows(prev.index_select(0, index), w) + mean_rows(deltas.index_select(0, index), w)
+        means.append((targets, mean))
+    out = torch.empty_like(prev)
+    kept = [i for i in range(m) if i not in seen]  # rows no group writes: their trained values
+    if kept:
+        index = torch.tensor(kept, device=prev.device)
+        out[index] = prev.index_select(0, index) + deltas.index_select(0, index)
+    for targets, mean in means:
+        out[targets] = mean
+    return out
+
+
+# --- FedAMP's attentive message passing (Huang et al., AAAI 2021) --------------------------
+
+
+def squared_distances(gram: Tensor) -> Tensor:
+    """d_ij = ‖w_i − w_j‖² = G_ii + G_jj − 2 G_ij from a float64 Gram matrix G [M, M] (≥ 0)."""
+    if gram.ndim != 2 or gram.shape[0] != gram.shape[1]:
+        raise ValueError(f"gram must be square [M, M], got {tuple(gram.shape)}")
+    diag = gram.diagonal()
+    return (diag[:, None] + diag[None, :] - 2 * gram).clamp_min(0).fill_diagonal_(0)
+
+
+def fedamp_weights(gram: Tensor, alpha_k: float = 1.0, sigma: float = 1.0) -> Tensor:
+    """FedAMP's message-passing weights ξ [M, M] (float64) from the Gram matrix of M models.
+
+    With A(x) = 1 − e^{−x/σ}: ξ_ij = α_k·e^{−d_ij/σ}/σ for j ≠ i and ξ_ii = 1 − Σ_{j≠i} ξ_ij,
+    d_ij = ‖w_i − w_j‖² (BASELINES.md §3.6). Rows sum to 1; ξ_ii may be negative (nearly equal
+    models with α_k/σ = 1 extrapolate beyond the convex hull) and is *not* clipped, as in the
+    public implementations. Distances come from the float64 Gram (G_ii + G_jj − 2G_ij).
+    """
+    if not (alpha_k > 0 and sigma > 0):
+        raise ValueError(f"alpha_k and sigma must be > 0, got {alpha_k!r}, {sigma!r}")
+    distances = squared_distances(gram.to(torch.float64))
+    xi = alpha_k * torch.exp(-distances / sigma) / sigma
+    xi.fill_diagonal_(0)
+    xi += torch.diag(1 - xi.sum(dim=1))
+    return xi
+
+
+def heuristic_fedamp_weights(gram: Tensor, sigma: float = 1.0, self_weight: float = 0.5) -> Tensor:
+    """HeurFedAMP's weights ξ [M, M] (float64): ξ_ii = ``self_weight`` and, for j ≠ i,
+    ξ_ij = (1 − ξ_ii)·e^{σ·cos(w_i, w_j)} / Σ_{h≠i} e^{σ·cos(w_i, w_h)} (a softmax of
+    scaled cosine similarities over the other models). One model keeps itself (ξ = 1)."""
+    if not (sigma > 0 and 0 <= self_weight <= 1):
+        raise ValueError(f"sigma must be > 0 and self_weight in [0, 1], got {sigma!r}, {self_weight!r}")
+    g = gram.to(torch.float64)
+    m = g.shape[0]
+    if m == 1:
+        return torch.ones(1, 1, dtype=torch.float64)
+    norms = g.diagonal().clamp_min(0).sqrt()
+    cosine = g / (norms[:, None] * norms[None, :]).clamp_min(torch.finfo(torch.float64).tiny)
+    logits = (sigma * cosine).masked_fill(torch.eye(m, dtype=torch.bool), float("-inf"))
+    xi = (1 - self_weight) * torch.softmax(logits, dim=1)
+    return xi + torch.diag(torch.full((m,), float(self_weight), dtype=torch.float64))
+
+
+def mix_rows(weights: Tensor, prev: Tensor, deltas: Tensor) -> Tensor:
+    """Σ_j weights_ij (prev_j + deltas_j) for every i: [M, M] × [M, D] -> [M, D] in the rows'
+    dtype and device, without a temporary [M, D] sum."""
+    w = weights.to(device=prev.device, dtype=prev.dtype)
+    return torch.addmm(w @ prev, w, deltas)
+
+
+# --- MaT-FL's grouping (Cai et al., 2022; VITA-Group/MaT-FL dg_utils.py) -----------------
+
+
+def cosine_clusters(gram: Tensor, num_clusters: int) -> list[list[int]]:
+    """Agglomerative clustering of M models' deviations from their mean: cosine distance,
+    average linkage, cut at ``num_clusters`` clusters (MaT-FL's grouping).
+
+    ``gram`` [M, M] is the Gram matrix of the models themselves; the deviations' Gram is
+    C G C with C = I − 𝟙𝟙ᵀ/M, so no deviation vector is formed. Returns the clusters as
+    sorted lists of row indices, ordered by their first member. A deviation of norm 0 makes
+    the cosine undefined: then every model is one cluster (FedAvg), as BASELINES.md §3.7 says.
+    """
+    from scipy.cluster import hierarchy
+
+    m = gram.shape[0]
+    if not 1 <= num_clusters <= m:
+        raise ValueError(f"num_clusters must be between 1 and the number of models ({m}), got {num_clusters}")
+    if num_clusters == m:
+        return [[i] for i in range(m)]
+    g = gram.to(torch.float64).cpu()
+    centring = torch.eye(m, dtype=torch.float64) - 1.0 / m
+    deviations = centring @ g @ centring
+    norms = deviations.diagonal().clamp_min(0).sqrt()
+    if num_clusters == 1 or bool((norms <= 1e-12 * norms.max().clamp_min(1e-300)).any()):
+        return [list(range(m))]
+    cosine = deviations / (norms[:, None] * norms[None, :])
+    distance = (1 - cosine).clamp_min(0).fill_diagonal_(0)
+    distance = (distance + distance.T) / 2
+    condensed = distance.numpy()[np.triu_indices(m, k=1)]
+    labels = hierarchy.cut_tree(hierarchy.linkage(condensed, method="average"), n_clusters=num_clusters)[:, 0]
+    clusters: dict[int, list[int]] = {}
+    for i, label in enumerate(labels.tolist()):
+        clusters.setdefault(label, []).append(i)
+    return sorted(clusters.values(), key=lambda members: members[0])

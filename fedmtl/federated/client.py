@@ -14,28 +14,9 @@ import torch
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 
-from fedmtl.models import DEFAULT_BACKBONE, MultiTaskModel
+from fedmtl.config import ModelConfig, OptimizerConfig
+from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import get_task, multi_task_loss
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The client model; every client of a run uses the same encoder architecture."""
-
-    backbone: str = DEFAULT_BACKBONE  # timm name or swin_t / swin_s / swin_b
-    pretrained_file: str | None = None  # local weights file; nothing is downloaded
-    embed_dim: int | None = None  # decoder width; None: the encoder's first-scale channels
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with a per-epoch warm-up cosine schedule (paper 4.1, suppl. C)."""
-
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
-    warmup_epochs: int = 5  # counted in local epochs
-    warmup_lr: float = 1.25e-7  # learning rate at the first warm-up epoch
-    min_lr: float = 1.25e-6  # floor of the cosine
 
 
 @dataclass(frozen=True)
@@ -106,14 +87,24 @@ class ClientModule(L.LightningModule):
         return values
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, CosineLRScheduler]:
-        cfg = self.spec.optimizer
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        # timm's scheduler, stepped once per local epoch over rounds x local epochs.
-        scheduler = CosineLRScheduler(
-            optimizer,
-            t_initial=self.total_epochs,
-            lr_min=cfg.min_lr,
-            warmup_t=cfg.warmup_epochs,
-            warmup_lr_init=cfg.warmup_lr,
-        )
-        return optimizer, scheduler
+        """AdamW over all parameters with the run's schedule (the engine builds its optimisers
+        with :func:`make_optimizer` over the parameters a method trains)."""
+        return make_optimizer(list(self.model.parameters()), self.spec.optimizer, self.total_epochs)
+
+
+def make_optimizer(
+    params: list[nn.Parameter], cfg: OptimizerConfig, total_epochs: int | None
+) -> tuple[torch.optim.AdamW, CosineLRScheduler | None]:
+    """AdamW over ``params`` and, unless ``total_epochs`` is None, timm's warm-up cosine
+    schedule stepped once per local epoch over the whole run (paper 4.1, suppl. C)."""
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if total_epochs is None:
+        return optimizer, None
+    scheduler = CosineLRScheduler(
+        optimizer,
+        t_initial=total_epochs,
+        lr_min=cfg.min_lr,
+        warmup_t=cfg.warmup_epochs,
+        warmup_lr_init=cfg.warmup_lr,
+    )
+    return optimizer, scheduler

@@ -20,13 +20,12 @@ the number of devices.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import sys
 import time
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +42,16 @@ from fedmtl.federated.client import ClientModule
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
-from fedmtl.federated.store import ClientState, ClientStore
-from fedmtl.tasks import TASKS, get_task
-
-TASK_SLOTS = {name: i for i, name in enumerate(TASKS)}  # fixed columns for exchanging per-task scalars
-
-
-def _seed(*parts: int | str) -> int:
-    """A 31-bit seed from named parts, the same in every process and on every run."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+from fedmtl.federated.store import ClientState, ClientStore, to_host
+from fedmtl.federated.training import (
+    LOSS_COLUMNS,
+    PENALTY_SLOT,
+    TASK_SLOTS,
+    TOTAL_SLOT,
+    LocalTrainer,
+)
+from fedmtl.methods.base import ClientContext, derive_seed, new_track
+from fedmtl.tasks import get_task
 
 
 def _interactive() -> bool:
@@ -69,7 +69,7 @@ class Simulation:
         self.world = fabric.world_size
         self.ranks = assign_clients([s.cost for s in self.specs], self.world)
         self.mine = [i for i, r in enumerate(self.ranks) if r == fabric.global_rank]
-        self.aggregator = cfg.algorithm
+        self.method = cfg.algorithm
         self.total_epochs = {i: cfg.rounds * s.local_epochs for i, s in enumerate(self.specs)}
         self.store = ClientStore(cfg.store, self.run_dir / "store" / f"rank_{fabric.global_rank}")
         self._modules: dict[tuple[str, tuple[str, ...]], ClientModule] = {}
@@ -82,6 +82,10 @@ class Simulation:
         self.owners = decoder_owners_of(self.clients)
         # Row of each client's first decoder in the round's decoder stack (owners are by client).
         self._first_decoder = {i: self.owners.index((i, s.tasks[0])) for i, s in enumerate(self.specs)}
+        self.method.setup(cfg.rounds, self.clients, cfg.seed)
+        self.trainer = LocalTrainer(fabric, cfg.seed, cfg.rounds, self._loader)
+        # The models a method evaluates, its paper's one first (e.g. Ditto: personal, global).
+        self.labels = [self.method.evaluated, *getattr(self.method, "also_evaluated", ())]
         self.history: list[dict[str, Any]] = []
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and _interactive()
@@ -104,7 +108,7 @@ class Simulation:
             tasks=spec.tasks,
             train_size=self._img_size(i),
             indices=spec.train_indices if split == "train" else None,
-            seed=_seed(self.cfg.seed, "augment", i),
+            seed=derive_seed(self.cfg.seed, "augment", i),
         )
 
     def _num_samples(self, i: int) -> int:
@@ -129,16 +133,34 @@ class Simulation:
     def _initial_state(self, i: int) -> ClientState:
         # Every client starts from the same encoder, as from a shared pretrained backbone; the
         # same seed on every rank makes the start independent of where the client trains.
-        torch.manual_seed(_seed(self.cfg.seed, "init"))
+        torch.manual_seed(derive_seed(self.cfg.seed, "init"))
         module = ClientModule(self.specs[i], self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
-        return _client_state(module, *module.configure_optimizers(), epochs_done=0)
+        personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
+        return {**new_track(module.model), "personal": personal}
 
     def _materialise(self, i: int) -> tuple[ClientModule, ClientState]:
-        """Client ``i``'s model on the device, with its parameters and buffers from the store."""
+        """Client ``i``'s model on the device, holding its federated track; and its stored state."""
         state = self.store.get(i)
         module = self._module(i)
         module.model.load_state_dict(state["model"])
         return module, state
+
+    def _context(self, i: int, module: ClientModule, state: ClientState) -> ClientContext:
+        """What the method's client hooks see of client ``i`` (``train`` runs its tracks)."""
+        return ClientContext(
+            index=i,
+            client=self.clients[i],
+            round=self.round,
+            rounds=self.cfg.rounds,
+            local_epochs=self.specs[i].local_epochs,
+            optimizer=self.specs[i].optimizer,
+            state=state,
+            model=module.model,
+            encoder_layout=self.enc_layout,
+            decoder_layout=self.dec_layout,
+            seed=self.cfg.seed,
+            train=functools.partial(self.trainer.train, module, i, self._train_data.get(i)),
+        )
 
     def _loader(self, dataset: DenseDataset, batch_size: int, shuffle_seed: int | None) -> DataLoader:
         generator = torch.Generator().manual_seed(shuffle_seed) if shuffle_seed is not None else None
@@ -150,11 +172,6 @@ class Simulation:
             num_workers=self.cfg.data.num_workers,
             persistent_workers=False,
         )
-
-    def _batches(self, loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
-        for batch in loader:
-            batch.pop("meta", None)
-            yield self.fabric.to_device(batch)
 
     # ------------------------------------------------------------------ one round
 
@@ -173,57 +190,39 @@ class Simulation:
         }
 
     def _train_client(
-        self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice
+        self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
     ) -> torch.Tensor:
-        """Local training of client ``i``: writes its parameter rows, returns mean losses
-        (one column per task, the total last)."""
+        """Local training of client ``i`` (the method's ``local_update``): writes its rows of
+        parameters before training and of deltas, returns its mean losses [LOSS_COLUMNS]. A
+        client that sits the round out writes its current parameters and zero deltas."""
         spec = self.specs[i]
         module, state = self._materialise(i)
-        optimizer, scheduler = module.configure_optimizers()
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
         decoders = [module.model.decoders[t] for t in spec.tasks]
         rows["enc_prev"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
-        optimizer = self.fabric.setup_optimizers(optimizer)
-        dataset = self._train_data[i]
-        # Summed on the device: reading a loss with .item() every step would stall a GPU.
-        sums = torch.zeros(len(TASK_SLOTS) + 1, dtype=torch.float64, device=self.fabric.device)
-        slots = [TASK_SLOTS[task] for task in spec.tasks]
-        steps = 0
-        module.train()
-        for _ in range(spec.local_epochs):
-            epoch = state["epochs_done"]
-            dataset.set_epoch(epoch)
-            torch.manual_seed(_seed(self.cfg.seed, "train", i, epoch))
-            for batch in self._batches(
-                self._loader(dataset, spec.batch_size, _seed(self.cfg.seed, "order", i, epoch))
-            ):
-                with self.fabric.autocast():
-                    losses = module.training_step(batch)
-                self.fabric.backward(losses["total"])
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                sums[-1] += losses["total"].detach()
-                sums[slots] += torch.stack([losses[task].detach() for task in spec.tasks]).to(sums.dtype)
-                steps += 1
-            state["epochs_done"] = epoch + 1
-            scheduler.step(state["epochs_done"])
+        if not takes_part:
+            rows["enc_delta"][enc_row] = 0
+            rows["dec_delta"][dec_rows] = 0
+            return torch.zeros(LOSS_COLUMNS, dtype=torch.float64)
+        losses = self.method.local_update(self._context(i, module, state))
+        module.model.load_state_dict(state["model"])  # the federated track (a method may train others)
         rows["enc_delta"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
         rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
-        self.store.put(i, _client_state(module, optimizer, scheduler, state["epochs_done"]))
-        return (sums / max(steps, 1)).cpu()
+        self.store.put(i, state)
+        return losses
 
-    def _train_round(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _train_round(self, participants: list[int] | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         rows = self._round_buffers()
-        losses = torch.zeros(len(self.specs), len(TASK_SLOTS) + 1, dtype=torch.float64)
+        losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
+        taking_part = set(range(len(self.specs)) if participants is None else participants)
         dec_start = 0
         bar = tqdm(self.mine, desc=f"round {self.round} clients", leave=False, disable=not self._bars)
         for enc_row, i in enumerate(bar):
             n_tasks = len(self.specs[i].tasks)
-            losses[i] = self._train_client(i, rows, enc_row, slice(dec_start, dec_start + n_tasks))
+            dec_rows = slice(dec_start, dec_start + n_tasks)
+            losses[i] = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
             dec_start += n_tasks
         return rows, losses
 
@@ -245,7 +244,7 @@ class Simulation:
             cursor[rank] += count
         return torch.cat(out)
 
-    def _exchange(self, rows: dict[str, torch.Tensor]) -> RoundInput:
+    def _exchange(self, rows: dict[str, torch.Tensor], participants: list[int] | None) -> RoundInput:
         enc_counts = [1] * len(self.specs)
         dec_counts = [len(s.tasks) for s in self.specs]
         return RoundInput(
@@ -258,42 +257,64 @@ class Simulation:
             decoder_owners=self.owners,
             decoders_prev=self._gather(rows.pop("dec_prev"), dec_counts),
             decoder_deltas=self._gather(rows.pop("dec_delta"), dec_counts),
+            participants=None if participants is None else tuple(participants),
         )
 
     def _write_back(self, encoders: torch.Tensor, decoders: torch.Tensor) -> None:
-        """Put the server's new encoder / decoder parameters into this rank's stored clients."""
+        """Hand the server's new encoder / decoder rows to this rank's clients (the method's
+        ``receive``: into the model by default) and store them."""
         for i in self.mine:
-            state = self.store.get(i)
-            model = state["model"]
-            for name, value in self.enc_layout.unflatten(encoders[i]).items():
-                model[f"encoder.{name}"] = value.detach().to("cpu", model[f"encoder.{name}"].dtype).clone()
-            for j, task in enumerate(self.specs[i].tasks):
-                row = decoders[self._first_decoder[i] + j]
-                for name, value in self.dec_layout.unflatten(row).items():
-                    key = f"decoders.{task}.{name}"
-                    model[key] = value.detach().to("cpu", model[key].dtype).clone()
+            module, state = self._materialise(i)
+            first = self._first_decoder[i]
+            rows = {task: decoders[first + j] for j, task in enumerate(self.specs[i].tasks)}
+            self.method.receive(self._context(i, module, state), encoders[i], rows)
+            state["model"] = to_host(module.model.state_dict())
+            self.store.put(i, state)
+
+    def _finish_clients(self) -> None:
+        """The method's work after the last aggregation (e.g. FedBABU's fine-tuning)."""
+        for i in self.mine:
+            module, state = self._materialise(i)
+            self.method.finish(self._context(i, module, state))
             self.store.put(i, state)
 
     def _sum_over_ranks(self, table: torch.Tensor) -> torch.Tensor:
         return self.fabric.all_reduce(table, reduce_op="sum") if self.world > 1 else table
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, dict[str, float]]:
-        """Task metrics of every client on its dataset's full validation split."""
-        table = torch.zeros(len(self.specs), len(TASK_SLOTS), dtype=torch.float64, device=self.fabric.device)
+    def evaluate(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Task metrics of every client on its dataset's full validation split, for each model
+        the method evaluates: {label: {client: {task: value}}}, its paper's label first. A
+        label some client does not have yet (FedBABU's fine-tuned copy before the end) is left out."""
+        device = self.fabric.device
+        table = torch.zeros(
+            len(self.labels), len(self.specs), len(TASK_SLOTS), dtype=torch.float64, device=device
+        )
+        present = torch.zeros(len(self.labels), dtype=torch.float64, device=device)
         for i in self.mine:
             if i not in self._val_data:
                 self._val_data[i] = self._dataset(i, "val")
-            module, _ = self._materialise(i)
-            module.eval()
-            for batch in self._batches(self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)):
-                with self.fabric.autocast():
-                    module.validation_step(batch)
-            for task, value in module.compute_metrics().items():
-                table[i, TASK_SLOTS[task]] = value
+            state = self.store.get(i)
+            module = self._module(i)
+            for label, model_state in self.method.evaluated_models(state).items():
+                module.model.load_state_dict(model_state)
+                module.eval()
+                loader = self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)
+                for batch in self.trainer.batches(loader):
+                    with self.fabric.autocast():
+                        module.validation_step(batch)
+                for task, value in module.compute_metrics().items():
+                    table[self.labels.index(label), i, TASK_SLOTS[task]] = value
+                present[self.labels.index(label)] += 1
         table = self._sum_over_ranks(table).cpu()
+        present = self._sum_over_ranks(present).cpu()
         return {
-            s.name: {t: float(table[i, TASK_SLOTS[t]]) for t in s.tasks} for i, s in enumerate(self.specs)
+            label: {
+                s.name: {t: float(table[k, i, TASK_SLOTS[t]]) for t in s.tasks}
+                for i, s in enumerate(self.specs)
+            }
+            for k, label in enumerate(self.labels)
+            if int(present[k]) == len(self.specs)
         }
 
     # ------------------------------------------------------------------ the run
@@ -322,7 +343,7 @@ class Simulation:
         """Load a checkpoint: this rank's clients, the server state, the history. Returns
         the round it was written after."""
         server = checkpoint.load_server(folder)
-        self.aggregator.load_state_dict(server["aggregator"])
+        self.method.load_state_dict(server["aggregator"])
         self.history = server["history"]
         for i in self.mine:
             self.store.put(i, checkpoint.load_client(folder, i))
@@ -335,47 +356,60 @@ class Simulation:
         if self.fabric.global_rank == 0:
             server = {
                 "round": self.round,
-                "aggregator": self.aggregator.state_dict(),
+                "aggregator": self.method.state_dict(),
                 "history": self.history,
             }
             checkpoint.publish(self.run_dir, self.round, server)
         self.fabric.barrier()
 
-    def _round(self) -> tuple[dict[str, float], dict[str, dict[str, float]] | None]:
+    def _round(self) -> tuple[dict[str, float], dict[str, dict[str, dict[str, float]]] | None]:
         """One round on this rank: train, exchange, aggregate, maybe evaluate. Returns the
         scalars to log and the evaluation results (None when not evaluated this round)."""
         timings: dict[str, float] = {}
+        participants = self.method.participants(self.round)
         start = time.perf_counter()
-        rows, loss_table = self._train_round()
+        rows, loss_table = self._train_round(participants)
         timings["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
         loss_table = self._sum_over_ranks(loss_table.to(self.fabric.device)).cpu()
-        inputs = self._exchange(rows)
+        inputs = self._exchange(rows, participants)
         timings["exchange"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        output = self.aggregator.aggregate(inputs)
+        output = self.method.aggregate(inputs)
         output.check_against(inputs)
         self._write_back(output.encoders, output.decoders)
         timings["aggregate"] = time.perf_counter() - start
         del rows, inputs, output
+        if self.round == self.cfg.rounds:
+            start = time.perf_counter()
+            self._finish_clients()
+            timings["finish"] = time.perf_counter() - start
 
         values: dict[str, float] = {}
         for i, spec in enumerate(self.specs):
-            values[f"train/{spec.name}/loss"] = float(loss_table[i, -1])
+            if participants is not None and i not in participants:
+                continue
+            values[f"train/{spec.name}/loss"] = float(loss_table[i, TOTAL_SLOT])
             for task in spec.tasks:
                 values[f"train/{spec.name}/{task}_loss"] = float(loss_table[i, TASK_SLOTS[task]])
+            if loss_table[i, PENALTY_SLOT] != 0:
+                values[f"train/{spec.name}/penalty"] = float(loss_table[i, PENALTY_SLOT])
+        if participants is not None:
+            values["server/participants"] = float(len(participants))
         every = self.cfg.evaluation.every
         results = None
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
             start = time.perf_counter()
             results = self.evaluate()
             timings["eval"] = time.perf_counter() - start
-            for name, metrics in results.items():
-                for task, value in metrics.items():
-                    values[f"val/{name}/{task}_{get_task(task).metric_name}"] = value
-        values.update({f"server/{k}": v for k, v in self.aggregator.log_values().items()})
+            for label, table in results.items():
+                prefix = "val" if label == self.labels[0] else f"val_{label}"
+                for name, metrics in table.items():
+                    for task, value in metrics.items():
+                        values[f"{prefix}/{name}/{task}_{get_task(task).metric_name}"] = value
+        values.update({f"server/{k}": v for k, v in self.method.log_values().items()})
         values.update({f"time/{k}": v for k, v in timings.items()})
         return values, results
 
@@ -401,7 +435,7 @@ class Simulation:
                 self.history.append({"round": self.round, "metrics": results})
             self.fabric.log_dict(values, step=self.round)
             if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
-                log_heatmaps(self.fabric.loggers, self.aggregator.log_matrices(), self.round)
+                log_heatmaps(self.fabric.loggers, self.method.log_matrices(), self.round)
             if is_zero and not self._bars:
                 line = " ".join(f"{k[5:]}={v:.1f}s" for k, v in values.items() if k.startswith("time/"))
                 print(f"round {self.round}/{cfg.rounds} {line}", file=sys.stderr, flush=True)
@@ -410,24 +444,34 @@ class Simulation:
                 self._checkpoint()
         return self._finish(self.history[-1]["metrics"] if self.history else {})
 
-    def summary(self, results: dict[str, dict[str, float]], rounds: int) -> dict[str, Any]:
-        """The results.json content: final metrics per client and task, and the server's values."""
-        return {
-            "rounds": rounds,
-            "algorithm": type(self.aggregator).__name__,
-            "clients": {
+    def summary(self, results: dict[str, dict[str, dict[str, float]]], rounds: int) -> dict[str, Any]:
+        """The results.json content: the final metrics per client and task of the model the
+        method reports (``evaluated``), those of any other model it evaluates
+        (``also_evaluated``), and the server's values."""
+
+        def table(label: str) -> dict[str, Any]:
+            values = results.get(label, {})
+            return {
                 s.name: {
                     "dataset": s.dataset,
                     "tasks": list(s.tasks),
                     "metrics": {
-                        t: {get_task(t).metric_name: results.get(s.name, {}).get(t, math.nan)}
-                        for t in s.tasks
+                        t: {get_task(t).metric_name: values.get(s.name, {}).get(t, math.nan)} for t in s.tasks
                     },
                 }
                 for s in self.specs
-            },
-            "server": self.aggregator.log_values(),
+            }
+
+        summary = {
+            "rounds": rounds,
+            "algorithm": type(self.method).__name__,
+            "evaluated": self.labels[0],
+            "clients": table(self.labels[0]),
+            "server": self.method.log_values(),
         }
+        if len(self.labels) > 1:
+            summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
+        return summary
 
     def _finish(self, results: dict[str, dict[str, float]]) -> dict[str, Any]:
         summary = self.summary(results, self.cfg.rounds)
@@ -442,16 +486,6 @@ class Simulation:
                 logger.experiment.finish()  # flush the offline run before the process exits
         self.store.clear()  # the final checkpoint holds every client's state
         return summary
-
-
-def _client_state(module: ClientModule, optimizer: Any, scheduler: Any, epochs_done: int) -> ClientState:
-    """What the store and the checkpoint keep of a client between rounds."""
-    return {
-        "model": module.model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epochs_done": epochs_done,
-    }
 
 
 def _limit_threads(fabric: L.Fabric, cfg: RunConfig) -> None:

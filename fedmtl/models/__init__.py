@@ -1,7 +1,7 @@
 """Client models: timm encoders, FCN decoders and heads, the multi-task model."""
 
 from fedmtl.models.backbone import DEFAULT_BACKBONE, PAPER_BACKBONES, Encoder, create_encoder
-from fedmtl.models.decoder import FCNDecoder, Head, parameter_layers
+from fedmtl.models.decoder import FCNDecoder, Head
 from fedmtl.models.multitask import MultiTaskModel
 
 __all__ = [
@@ -12,5 +12,4 @@ __all__ = [
     "Head",
     "MultiTaskModel",
     "create_encoder",
-    "parameter_layers",
 ]

@@ -49,11 +49,3 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.upsample2(self.upsample1(x)))
-
-
-def parameter_layers(module: nn.Module) -> dict[str, nn.Module]:
-    """The submodules that own parameters directly, by qualified name, in definition order.
-
-    For an :class:`FCNDecoder` these are its six layers; FedHCA² learns one β per layer.
-    """
-    return {name: m for name, m in module.named_modules() if any(True for _ in m.parameters(recurse=False))}

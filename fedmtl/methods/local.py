@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput, register_aggregator
+from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.methods.base import Method, register_method
 
 
-@register_aggregator
-class Local(Aggregator):
+@register_method
+class Local(Method):
     """Every client keeps what it trained: θ_i^(r) = θ_i^(r-1) + Δθ_i^(r), for encoders and decoders.
 
     The baseline of FedHCA² (Lu et al., CVPR 2024, Sec. 4.1) against which Δm is measured.
+    Each client's own model is evaluated.
     """
+
+    evaluated = "local"
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
         return RoundOutput(
@@ -19,4 +23,4 @@ class Local(Aggregator):
         )
 
     def __repr__(self) -> str:
-        return "Local()"
+        return f"Local(participation={self.participation})"

@@ -9,13 +9,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput, register_aggregator
+from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     cross_attention_update_flat,
     gram_matrix,
     mean_rows,
 )
+from fedmtl.methods.base import Method, register_method
 
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
 DecoderMode = Literal["none", "cross_attention", "fedavg"]
@@ -35,8 +36,8 @@ _STATE_KEYS = {
 }
 
 
-@register_aggregator
-class FedHCA2(Aggregator):
+@register_method
+class FedHCA2(Method):
     """FedHCA² (Lu et al., "FedHCA²: Towards Hetero-Client Federated Multi-Task Learning",
     CVPR 2024, Sec. 3.3-3.5 and suppl. Alg. 1-2), as REFERENCE.md pins it down.
 
@@ -99,6 +100,8 @@ class FedHCA2(Aggregator):
         hyper_weight_decay: SGD weight decay (suppl. C: 1e-4).
         encoder: encoder aggregation, see above.
         decoder: decoder aggregation, see above.
+        participation: must be 1: the conflict-averse solve and the cross-attention need
+            every client's update in every round, and the hyper weights learn from them.
     """
 
     def __init__(
@@ -112,7 +115,14 @@ class FedHCA2(Aggregator):
         hyper_weight_decay: float = 1e-4,
         encoder: EncoderMode = "conflict_averse",
         decoder: DecoderMode = "cross_attention",
+        participation: float = 1.0,
     ) -> None:
+        if participation != 1:
+            raise ValueError(
+                f"algorithm.participation is {participation!r}, but FedHCA2 needs every client in every "
+                "round (its conflict-averse and cross-attention steps mix all updates): use 1, or another method"
+            )
+        super().__init__(participation=1.0)
         encoders: dict[str, Callable[[RoundInput], Tensor]] = {
             "none": self._encoders_local,
             "fedavg": self._encoders_fedavg,

@@ -1,0 +1,164 @@
+"""Local training of one client: a *track* (model, optimiser, schedule) for some epochs.
+
+A track is a dict ``{"model": state dict, "optimizer": ..., "scheduler": ..., "epochs_done": n}``;
+a client's stored state is its federated track plus the method's personal state, and Ditto
+keeps a second track in there. :meth:`LocalTrainer.train` loads a track into the client's
+device model, trains it, and writes it back.
+
+Freezing is ``requires_grad=False`` *and* leaving the parameters out of the optimiser, so
+AdamW's weight decay and moments cannot move them (zeroed gradients would not stop either).
+The optimiser's state is therefore stored by parameter name, not by position: a phase that
+freezes the encoder keeps the encoder's AdamW moments untouched for later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fedmtl.config import OptimizerConfig
+from fedmtl.data.datasets import DenseDataset
+from fedmtl.federated.client import ClientModule, make_optimizer
+from fedmtl.federated.store import to_host
+from fedmtl.methods.base import Penalty, Track, derive_seed, parameters_of
+from fedmtl.tasks import TASKS
+
+TASK_SLOTS = {name: i for i, name in enumerate(TASKS)}  # fixed columns for exchanging per-task scalars
+PENALTY_SLOT, TOTAL_SLOT = len(TASK_SLOTS), len(TASK_SLOTS) + 1
+LOSS_COLUMNS = len(TASK_SLOTS) + 2  # per task, the penalty, the total objective
+
+
+def optimizer_state_by_name(
+    optimizer: torch.optim.Optimizer, names: Sequence[str], previous: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The optimiser's state keyed by parameter name; names it does not hold (frozen this
+    time) keep their ``previous`` state."""
+    state = optimizer.state_dict()
+    (group,) = state["param_groups"]
+    by_name = dict(previous["state"]) if previous else {}
+    by_name.update({names[i]: s for i, s in state["state"].items()})
+    return {"state": by_name, "group": {k: v for k, v in group.items() if k != "params"}}
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, names: Sequence[str], saved: Mapping[str, Any] | None
+) -> None:
+    """Load a state from :func:`optimizer_state_by_name` into an optimiser over ``names``."""
+    if not saved:
+        return
+    optimizer.load_state_dict(
+        {
+            "state": {i: saved["state"][n] for i, n in enumerate(names) if n in saved["state"]},
+            "param_groups": [{**saved["group"], "params": list(range(len(names)))}],
+        }
+    )
+
+
+class LocalTrainer:
+    """Trains tracks of a client on its device model; one per simulation rank."""
+
+    def __init__(
+        self,
+        fabric: L.Fabric,
+        seed: int,
+        rounds: int,
+        loader: Callable[[DenseDataset, int, int | None], DataLoader],
+    ) -> None:
+        self.fabric = fabric
+        self.seed = seed
+        self.rounds = rounds
+        self.loader = loader
+
+    def batches(self, loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
+        for batch in loader:
+            batch.pop("meta", None)
+            yield self.fabric.to_device(batch)
+
+    def train(
+        self,
+        module: ClientModule,
+        client: int,
+        dataset: DenseDataset,
+        track: Track,
+        *,
+        frozen: Sequence[nn.Module] = (),
+        penalty: Callable[[nn.Module], Penalty | None] | None = None,
+        epochs: int | None = None,
+        order: str = "order",
+        fine_tune: OptimizerConfig | None = None,
+    ) -> torch.Tensor:
+        """Load ``track`` into ``module``, train it, write it back; return the mean losses
+        [LOSS_COLUMNS] (per task, the penalty, the total) over the steps.
+
+        Args:
+            frozen: modules that do not train (out of the optimiser, ``requires_grad=False``).
+            penalty: called once the track is loaded; its term is added to every step's loss.
+            epochs: local epochs (default: the client's).
+            order: names the data-order stream: two tracks with the same ``order`` see the
+                same batches (Ditto's two tracks, so each matches FedAvg / Local).
+            fine_tune: a fresh AdamW at this config's lr and weight decay with a constant
+                rate, whose state is not kept (FedBABU's fine-tuning); default: the track's
+                own optimiser and schedule, continued.
+        """
+        spec = module.spec
+        epochs = spec.local_epochs if epochs is None else epochs
+        model = module.model
+        model.load_state_dict(track["model"])
+        frozen_ids = {id(p) for p in parameters_of(frozen)}
+        named = [(n, p) for n, p in model.named_parameters() if id(p) not in frozen_ids]
+        names = [n for n, _ in named]
+        total_epochs = None if fine_tune else self.rounds * epochs
+        optimizer, scheduler = make_optimizer(
+            [p for _, p in named], fine_tune or spec.optimizer, total_epochs
+        )
+        if not fine_tune:
+            load_optimizer_state(optimizer, names, track["optimizer"])
+            if track["scheduler"] is not None:
+                scheduler.load_state_dict(track["scheduler"])
+        for p in parameters_of(frozen):
+            p.requires_grad_(False)
+        term = penalty(model) if penalty is not None else None
+        sums = torch.zeros(LOSS_COLUMNS, dtype=torch.float64, device=self.fabric.device)
+        slots = [TASK_SLOTS[task] for task in spec.tasks]
+        steps = 0
+        fabric_optimizer = self.fabric.setup_optimizers(optimizer)
+        try:
+            module.train()
+            for _ in range(epochs):
+                epoch = track["epochs_done"]
+                dataset.set_epoch(epoch)
+                torch.manual_seed(derive_seed(self.seed, "train", client, epoch))
+                loader = self.loader(dataset, spec.batch_size, derive_seed(self.seed, order, client, epoch))
+                for batch in self.batches(loader):
+                    with self.fabric.autocast():
+                        losses = module.training_step(batch)
+                    total = losses["total"]
+                    if term is not None:
+                        # In the loss, outside autocast (parameters and anchors are fp32).
+                        value = term()
+                        total = total + value
+                        sums[PENALTY_SLOT] += value.detach()
+                    self.fabric.backward(total)
+                    fabric_optimizer.step()
+                    fabric_optimizer.zero_grad(set_to_none=True)
+                    # Summed on the device: reading a loss with .item() every step would stall a GPU.
+                    sums[TOTAL_SLOT] += losses["total"].detach()
+                    sums[slots] += torch.stack([losses[t].detach() for t in spec.tasks]).to(sums.dtype)
+                    steps += 1
+                track["epochs_done"] = epoch + 1
+                if scheduler is not None:
+                    scheduler.step(track["epochs_done"])
+        finally:
+            for p in parameters_of(frozen):
+                p.requires_grad_(True)
+        # Copies: the device model is reused for the client's next track and for other clients.
+        track["model"] = to_host(model.state_dict())
+        if not fine_tune:
+            track["optimizer"] = optimizer_state_by_name(optimizer, names, track["optimizer"])
+            track["scheduler"] = scheduler.state_dict()
+        return (sums / max(steps, 1)).cpu()

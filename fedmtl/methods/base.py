@@ -1,0 +1,229 @@
+"""A federated method: its server step and its client behaviour, in one class.
+
+A :class:`Method` *is* an :class:`~fedmtl.aggregation.Aggregator` (the server step,
+``aggregate``: flat stacked parameters in, new parameters out, never touching a model) with
+client-side hooks that the round loop calls around local training. Every hook has a default
+that gives plain FedAvg-style behaviour, so a method overrides only what makes it different:
+
+=====================  ==========================================================  =================
+hook                   what it decides                                             e.g.
+=====================  ==========================================================  =================
+``setup``              checks the method against the run (rounds, clients)         FedSTA, MaT-FL
+``participants``       which clients train this round (``participation``)          all methods
+``init_client``        the client's personal state; may re-initialise the model    Ditto, FedBABU
+``frozen``             modules left out of the optimiser this round                FedBABU, FedSTA
+``penalty``            a proximal term added to the loss, anchored at a snapshot   FedProx, FedAMP
+``local_update``       the whole local step (default: one track, E epochs)         Ditto
+``receive``            where the server's output goes (default: into the model)    FedAMP
+``finish``             work after the last round (never fed back to the server)    FedBABU
+``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
+=====================  ==========================================================  =================
+
+A client's stored state (``ClientContext.state``) is its federated *track* — ``"model"``
+(state dict), ``"optimizer"``, ``"scheduler"``, ``"epochs_done"`` — plus ``"personal"``: a
+dict the method owns (tensors, numbers, strings, nested dicts/lists), kept in the client store
+and in checkpoints, so a resumed run continues it bit for bit. Ditto's personal model is a
+second track inside it.
+
+Methods are registered in ``METHODS`` under their class name, the name a config gives as
+``class_path`` (``--algorithm FedProx --algorithm.mu 0``).
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from fedmtl.aggregation.base import Aggregator, ClientInfo
+from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.federated.store import to_host
+from fedmtl.losses import proximal_term
+from fedmtl.registry import Registry
+
+Track = dict[str, Any]  # "model", "optimizer", "scheduler", "epochs_done"
+
+
+def new_track(model: nn.Module, epochs_done: int = 0) -> Track:
+    """A track starting from (a copy of) ``model``'s current state, with a fresh optimiser and
+    schedule (``None`` until it first trains)."""
+    return {
+        "model": to_host(model.state_dict()),
+        "optimizer": None,
+        "scheduler": None,
+        "epochs_done": epochs_done,
+    }
+
+
+@dataclass
+class Penalty:
+    """coefficient/2 · Σ ‖p − a‖² over (live parameter p, detached anchor a) pairs: a term of
+    the loss (never of ``.grad``), so autocast, gradient scaling and AdamW treat it like the
+    task loss. Built by :meth:`Method.penalty` once the round's model is loaded."""
+
+    coefficient: float
+    pairs: list[tuple[Tensor, Tensor]]
+
+    def __call__(self) -> Tensor:
+        params, anchors = zip(*self.pairs, strict=True) if self.pairs else ((), ())
+        return proximal_term(params, anchors, self.coefficient)
+
+
+def snapshot(params: Sequence[Tensor]) -> list[tuple[Tensor, Tensor]]:
+    """Pairs of each parameter with a detached copy of its current value (a round-start anchor)."""
+    return [(p, p.detach().clone()) for p in params]
+
+
+@dataclass
+class ClientContext:
+    """What a client-side hook sees of one client in one round.
+
+    ``train(track, *, frozen=(), penalty=None, epochs=None, order="order", fresh_optimizer=None)``
+    loads ``track`` into ``model``, trains it for ``epochs`` (default the client's local
+    epochs) and writes the result back into ``track``; it returns the mean losses. See
+    :class:`fedmtl.federated.training.LocalTrainer`.
+    """
+
+    index: int
+    client: ClientInfo
+    round: int  # 1-based; the round being trained (or just aggregated, in ``receive``)
+    rounds: int  # of the whole run
+    local_epochs: int
+    optimizer: Any  # the client's OptimizerConfig (lr, weight decay, schedule)
+    state: dict[str, Any]  # the stored client state: its federated track + "personal"
+    model: nn.Module  # the device model (fedmtl.models.MultiTaskModel) tracks are loaded into
+    encoder_layout: FlatLayout
+    decoder_layout: FlatLayout
+    seed: int  # the run's seed
+    train: Callable[..., Tensor] = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def personal(self) -> dict[str, Any]:
+        return self.state["personal"]
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 31-bit seed from named parts, the same in every process and on every run."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+class Method(Aggregator):
+    """A federated method: the server step :meth:`aggregate` and the client hooks below.
+
+    Args:
+        participation: fraction of the clients that train in each round, drawn with the
+            run's seed (at least one client). 1: every client, every round (the paper).
+    """
+
+    #: The model the results' ``clients`` table reports, as results.json names it.
+    evaluated: str = "post-aggregation"
+
+    def __init__(self, participation: float = 1.0) -> None:
+        if not 0 < participation <= 1:
+            raise ValueError(
+                f"algorithm.participation must be in (0, 1] (a fraction of the clients), got {participation!r}"
+            )
+        self.participation = float(participation)
+        self.rounds = 0
+        self.seed = 0
+        self.num_clients = 0
+
+    # ------------------------------------------------------------------ the run
+
+    def check_run(self, rounds: int, num_clients: int) -> None:
+        """Raise ValueError (naming the field and the fix) if the method cannot run this scenario.
+        Called before anything is written."""
+
+    def setup(self, rounds: int, clients: Sequence[ClientInfo], seed: int) -> None:
+        """Bind the method to a run: called once before the first round (also on resume)."""
+        self.check_run(rounds, len(clients))
+        self.rounds, self.seed, self.num_clients = rounds, seed, len(clients)
+
+    def participants(self, round_: int) -> list[int] | None:
+        """The clients (sorted indices) that train in round ``round_``; None: all of them."""
+        if self.participation >= 1:
+            return None
+        count = max(1, round(self.participation * self.num_clients))
+        chosen = random.Random(derive_seed(self.seed, "participation", round_)).sample(
+            range(self.num_clients), count
+        )
+        return sorted(chosen)
+
+    # ------------------------------------------------------------------ the client
+
+    def init_client(self, model: nn.Module, client: ClientInfo, seed: int) -> dict[str, Any]:
+        """The client's initial personal state (default: none). May change ``model``, which is
+        then the client's initial model (FedBABU re-initialises heads here)."""
+        return {}
+
+    def frozen(self, model: nn.Module, round_: int) -> list[nn.Module]:
+        """Modules whose parameters do not train in round ``round_``: ``requires_grad=False``
+        and left out of the optimiser (never zeroed gradients). Default: none."""
+        return []
+
+    def penalty(self, ctx: ClientContext, model: nn.Module) -> Penalty | None:
+        """The proximal term of the client objective, built once ``model`` holds the round's
+        starting point (default: none)."""
+        return None
+
+    def local_update(self, ctx: ClientContext) -> Tensor:
+        """Local training of one client in one round; returns its mean losses. Default: the
+        federated track for the client's local epochs, with this method's frozen modules and
+        penalty."""
+        return ctx.train(
+            ctx.state,
+            frozen=self.frozen(ctx.model, ctx.round),
+            penalty=lambda model: self.penalty(ctx, model),
+        )
+
+    def receive(self, ctx: ClientContext, encoder: Tensor, decoders: Mapping[str, Tensor]) -> None:
+        """Take the server's output for this client: its encoder row and one row per task.
+        Default: they become the model's encoder and decoders (``ctx.model`` holds the
+        federated track and is stored afterwards)."""
+        ctx.encoder_layout.assign(ctx.model.encoder, encoder)
+        for task, row in decoders.items():
+            ctx.decoder_layout.assign(ctx.model.decoders[task], row)
+
+    def finish(self, ctx: ClientContext) -> None:
+        """After the last round's aggregation, before the final evaluation (FedBABU's
+        fine-tuning). Must not change the federated track. Default: nothing."""
+
+    def evaluated_models(self, state: Mapping[str, Any]) -> dict[str, Mapping[str, Tensor]]:
+        """Model states to evaluate, by label; the first is the one the results' ``clients``
+        table reports (:attr:`evaluated`). Default: the federated track's model."""
+        return {self.evaluated: state["model"]}
+
+
+METHODS: Registry[type[Method]] = Registry("method")
+
+MethodT = TypeVar("MethodT", bound=Method)
+
+
+def register_method(cls: type[MethodT]) -> type[MethodT]:
+    """Class decorator: register a :class:`Method` subclass under its class name."""
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise TypeError(f"only Method subclasses can be registered, got {cls!r}")
+    METHODS.add(cls.__name__, cls)
+    return cls
+
+
+def create_method(name: str, **kwargs: Any) -> Method:
+    """Build a registered method by class name, e.g. ``create_method("FedProx", mu=0.01)``."""
+    return METHODS.get(name)(**kwargs)
+
+
+def parameters_of(modules: Sequence[nn.Module]) -> list[torch.nn.Parameter]:
+    """The parameters of ``modules``, each once, in order."""
+    seen: set[int] = set()
+    out = []
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out

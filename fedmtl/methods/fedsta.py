@@ -1,0 +1,89 @@
+"""FedSTA (after FeSTA, Park et al., NeurIPS 2021) in HC-FMTL: a shared encoder, then a frozen one."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.methods.base import register_method
+from fedmtl.methods.fedavg import FedAvg
+
+
+@register_method
+class FedSTA(FedAvg):
+    """FedSTA as FedHCA² compares against it (suppl. C; BASELINES.md §3.9), two phases:
+
+    - phase A (rounds 1 … R − R_B): the encoder plays FeSTA's task-agnostic body and is
+      averaged over all clients; decoders and heads train locally (with
+      ``same_task_decoders``, decoders of the same task are averaged, as FeSTA does with
+      its tails). Phase A is FedPer.
+    - phase B (the last R_B rounds): the encoder is frozen — ``requires_grad=False`` and out
+      of the optimiser — and nothing is aggregated; decoders and heads keep training. The
+      learning-rate schedule continues unchanged (same compute as the other methods), so
+      with the cosine near its floor phase B changes little: reported, not re-warmed.
+
+    The model at the end of phase B is evaluated. (The two-stage reading of FeSTA is from
+    the paper's text; no public code exists.) A frozen encoder's BatchNorm statistics, if it
+    has any, still follow the client's data: they are buffers, local to the client.
+
+    Args:
+        phase_b_rounds: R_B, rounds with a frozen encoder at the end of the run; None: a
+            fifth of the run, rounded (20 of the paper's 100). At most the run's rounds.
+        same_task_decoders: average decoders among clients of the same task in phase A.
+        weighted: weigh averages by sample counts (see :class:`FedAvg`).
+        participation: fraction of the clients that train each round.
+    """
+
+    def __init__(
+        self,
+        phase_b_rounds: int | None = None,
+        same_task_decoders: bool = False,
+        weighted: bool = False,
+        participation: float = 1.0,
+    ) -> None:
+        super().__init__(
+            encoder_scope="all",
+            decoder_scope="same_task" if same_task_decoders else "none",
+            weighted=weighted,
+            participation=participation,
+        )
+        if phase_b_rounds is not None and (
+            isinstance(phase_b_rounds, bool) or not isinstance(phase_b_rounds, int) or phase_b_rounds < 0
+        ):
+            raise ValueError(
+                f"algorithm.phase_b_rounds must be an integer >= 0 or null, got {phase_b_rounds!r}"
+            )
+        self.phase_b_rounds = phase_b_rounds
+        self.same_task_decoders = same_task_decoders
+
+    def phase_b_length(self, rounds: int) -> int:
+        """R_B for a run of ``rounds`` rounds."""
+        return round(rounds / 5) if self.phase_b_rounds is None else self.phase_b_rounds
+
+    def check_run(self, rounds: int, num_clients: int) -> None:
+        if self.phase_b_length(rounds) > rounds:
+            raise ValueError(
+                f"algorithm.phase_b_rounds is {self.phase_b_rounds} but the run has {rounds} rounds: "
+                f"set --algorithm.phase_b_rounds to at most {rounds} (or leave it unset for a fifth of the run)"
+            )
+
+    def in_phase_b(self, round_: int) -> bool:
+        """Whether round ``round_`` of the run this method was :meth:`setup` for is in phase B."""
+        return self.rounds > 0 and round_ > self.rounds - self.phase_b_length(self.rounds)
+
+    def frozen(self, model: nn.Module, round_: int) -> list[nn.Module]:
+        return [model.encoder] if self.in_phase_b(round_) else []
+
+    def aggregate(self, inputs: RoundInput) -> RoundOutput:
+        if self.in_phase_b(inputs.round):  # nothing is aggregated: every client keeps its own
+            return RoundOutput(
+                encoders=inputs.encoders_prev + inputs.encoder_deltas,
+                decoders=inputs.decoders_prev + inputs.decoder_deltas,
+            )
+        return super().aggregate(inputs)
+
+    def __repr__(self) -> str:
+        return (
+            f"FedSTA(phase_b_rounds={self.phase_b_rounds}, same_task_decoders={self.same_task_decoders}, "
+            f"weighted={self.weighted}, participation={self.participation})"
+        )

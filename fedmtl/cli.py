@@ -20,7 +20,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, Namespace
+from jsonargparse import ArgumentParser as _ArgumentParser
+
+
+class ArgumentParser(_ArgumentParser):
+    """jsonargparse's parser, whose error for an unknown ``--algorithm`` lists the known methods."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if 'Parser key "algorithm"' in message:
+            from fedmtl.methods import METHODS
+
+            message = f"{message.rstrip()}\n  known methods: {', '.join(METHODS.names())}"
+        return super().error(message, ex)
 
 
 def synth(
@@ -178,10 +190,12 @@ def format_server_values(values: dict[str, float]) -> str:
 
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
     from fedmtl.federated.engine import run
+    from fedmtl.federated.scenario import count_clients
 
     cfg_ns = args.clone()
     cfg_ns.pop("config", None)
     cfg = parser.instantiate(cfg_ns)
+    cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))  # before anything is written
     _ensure_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -12,52 +12,25 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from fedmtl.cli import main
 from fedmtl.federated import checkpoint
-from fedmtl.federated.engine import Simulation
-
-TINY = {
-    "clients": [
-        {"dataset": "pascal_context", "tasks": ["semseg", "sal"], "single_task": True, "batch_size": 4},
-        {"dataset": "nyud", "tasks": ["semseg", "depth"], "local_epochs": 2, "batch_size": 4},
-    ],
-    "data": {"train_size": [32, 32]},
-    "evaluation": {"every": 2},
-    "rounds": 3,
-    "accelerator": "cpu",
-    "logger": {"wandb": False},
-}
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    from fedmtl.data.synth import generate
-
-    root = tmp_path_factory.mktemp("data")
-    generate("pascal_context", root / "PASCALContext", num_train=12, num_val=4, size=(32, 32), progress=False)
-    generate("nyud", root / "NYUDv2", num_train=12, num_val=4, size=(32, 32), progress=False)
-    return root
+from tests.helpers import client_states, fit_killed_in_round, tiny_config
 
 
 def _config(tmp_path: Path, data_root: Path, **changes) -> Path:
-    cfg = json.loads(json.dumps(TINY))
-    cfg["data"]["root"] = str(data_root)
-    cfg.update(changes)
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    changes.setdefault("cpu_threads", None)  # the engine's default thread budget, as before
+    return tiny_config(tmp_path, data_root, **changes)
 
 
 def _fit(config: Path, run_dir: Path, *extra: str) -> dict:
-    assert main(["fit", "--config", str(config), "--run_dir", str(run_dir), *extra]) == 0
-    return json.loads((run_dir / "results.json").read_text())
+    from tests.helpers import fit
+
+    return fit(config, run_dir, *extra)
 
 
 def _client_states(run_dir: Path) -> list[dict]:
-    folder = checkpoint.latest(run_dir)
-    return [checkpoint.load_client(folder, i)["model"] for i in range(3)]
+    return [state["model"] for state in client_states(run_dir)]
 
 
 def _metric_values(results: dict) -> list[float]:
@@ -99,19 +72,9 @@ def test_a_run_killed_after_a_round_resumes_to_the_same_results(tmp_path, data_r
     config = _config(tmp_path, data_root, algorithm={"class_path": algorithm})
     straight = _fit(config, tmp_path / "straight")
 
-    original = Simulation._train_client
-
-    def killed_in_round_3(self, *args):
-        if self.round == 3:
-            raise KeyboardInterrupt("killed")
-        return original(self, *args)
-
-    monkeypatch.setattr(Simulation, "_train_client", killed_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        _fit(config, tmp_path / "resumed")
+    fit_killed_in_round(config, tmp_path / "resumed", monkeypatch, 3, fit_run=_fit)
     assert checkpoint.latest(tmp_path / "resumed").name == "round_0002"
     assert not (tmp_path / "resumed" / "results.json").exists()
-    monkeypatch.setattr(Simulation, "_train_client", original)
 
     resumed = _fit(config, tmp_path / "resumed", "--resume", "true")
     assert resumed == straight

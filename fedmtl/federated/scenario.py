@@ -22,6 +22,12 @@ def train_split_size(dataset: str, data_root: str) -> int:
     return len(read_split(split_file))
 
 
+def count_clients(cfg: RunConfig) -> int:
+    """How many clients the scenario has (without reading any data): one per task of a
+    single-task group, one per multi-task group, times replicas."""
+    return sum((len(g.tasks) if g.single_task else 1) * g.replicas for g in cfg.clients)
+
+
 def build_clients(cfg: RunConfig) -> list[ClientSpec]:
     """One client per task of a single-task group, one per multi-task group, times replicas.
 

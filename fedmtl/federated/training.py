@@ -51,6 +51,12 @@ def load_optimizer_state(
     """Load a state from :func:`optimizer_state_by_name` into an optimiser over ``names``."""
     if not saved:
         return
+    if "group" not in saved:
+        raise ValueError(
+            "the checkpoint's optimiser state is stored by position (written before fedmtl stored it by "
+            "parameter name), so this run cannot be resumed: start a new run (`fedmtl validate` still "
+            "evaluates the checkpoint)"
+        )
     optimizer.load_state_dict(
         {
             "state": {i: saved["state"][n] for i, n in enumerate(names) if n in saved["state"]},
@@ -120,14 +126,14 @@ class LocalTrainer:
             load_optimizer_state(optimizer, names, track["optimizer"])
             if track["scheduler"] is not None:
                 scheduler.load_state_dict(track["scheduler"])
-        for p in parameters_of(frozen):
-            p.requires_grad_(False)
-        term = penalty(model) if penalty is not None else None
         sums = torch.zeros(LOSS_COLUMNS, dtype=torch.float64, device=self.fabric.device)
         slots = [TASK_SLOTS[task] for task in spec.tasks]
         steps = 0
         fabric_optimizer = self.fabric.setup_optimizers(optimizer)
         try:
+            for p in parameters_of(frozen):
+                p.requires_grad_(False)
+            term = penalty(model) if penalty is not None else None  # sees what is frozen
             module.train()
             for _ in range(epochs):
                 epoch = track["epochs_done"]

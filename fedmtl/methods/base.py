@@ -181,11 +181,13 @@ class Method(Aggregator):
             penalty=lambda model: self.penalty(ctx, model),
         )
 
-    def receive(self, ctx: ClientContext, encoder: Tensor, decoders: Mapping[str, Tensor]) -> None:
+    def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         """Take the server's output for this client: its encoder row and one row per task.
         Default: they become the model's encoder and decoders (``ctx.model`` holds the
-        federated track and is stored afterwards)."""
-        ctx.encoder_layout.assign(ctx.model.encoder, encoder)
+        federated track and is stored afterwards); a ``None`` encoder or a task without a row
+        keeps what the client trained."""
+        if encoder is not None:
+            ctx.encoder_layout.assign(ctx.model.encoder, encoder)
         for task, row in decoders.items():
             ctx.decoder_layout.assign(ctx.model.decoders[task], row)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
-from fedmtl.methods.base import Method, register_method
+from fedmtl.methods.base import ClientContext, Method, register_method
 
 Scope = Literal["all", "same_task", "cluster", "none"]
 SCOPES = ("all", "same_task", "cluster", "none")
@@ -90,6 +90,15 @@ class FedAvg(Method):
             inputs.decoder_num_samples,
         )
         return RoundOutput(encoders=encoders, decoders=decoders)
+
+    def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
+        """A pool with scope ``none`` keeps the bits the client trained (the server's row,
+        θ^(r-1) + Δθ, can differ from them in the last float32 bit); the others are loaded."""
+        super().receive(
+            ctx,
+            None if self.encoder_scope == "none" else encoder,
+            {} if self.decoder_scope == "none" else decoders,
+        )
 
     def _pool(
         self,

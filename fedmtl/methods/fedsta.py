@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
+from collections.abc import Mapping
+
+from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
-from fedmtl.methods.base import register_method
+from fedmtl.methods.base import ClientContext, register_method
 from fedmtl.methods.fedavg import FedAvg
 
 
@@ -81,6 +83,10 @@ class FedSTA(FedAvg):
                 decoders=inputs.decoders_prev + inputs.decoder_deltas,
             )
         return super().aggregate(inputs)
+
+    def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
+        if not self.in_phase_b(ctx.round):  # phase B: the client keeps the bits it trained
+            super().receive(ctx, encoder, decoders)
 
     def __repr__(self) -> str:
         return (

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from torch import Tensor
+
 from fedmtl.aggregation.base import RoundInput, RoundOutput
-from fedmtl.methods.base import Method, register_method
+from fedmtl.methods.base import ClientContext, Method, register_method
 
 
 @register_method
@@ -11,7 +15,8 @@ class Local(Method):
     """Every client keeps what it trained: θ_i^(r) = θ_i^(r-1) + Δθ_i^(r), for encoders and decoders.
 
     The baseline of FedHCA² (Lu et al., CVPR 2024, Sec. 4.1) against which Δm is measured.
-    Each client's own model is evaluated.
+    Each client's own model is evaluated. The client keeps the bits it trained: the server's
+    rows θ^(r-1) + Δθ equal them in exact arithmetic but can differ in the last float32 bit.
     """
 
     evaluated = "local"
@@ -21,6 +26,9 @@ class Local(Method):
             encoders=inputs.encoders_prev + inputs.encoder_deltas,
             decoders=inputs.decoders_prev + inputs.decoder_deltas,
         )
+
+    def receive(self, ctx: ClientContext, encoder: Tensor, decoders: Mapping[str, Tensor]) -> None:
+        """Nothing to take: the model already holds what the client trained."""
 
     def __repr__(self) -> str:
         return f"Local(participation={self.participation})"

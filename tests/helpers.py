@@ -1,0 +1,189 @@
+"""Test helpers: the tiny scenario as a config file and a one-call run of the engine.
+
+A tiny scenario (2 PASCAL-Context single-task clients + 1 NYUD-v2 multi-task client, 32×32
+images, 12 training images per dataset) runs a round in about a second, so end-to-end tests
+of every method go through the real engine, CLI, store and checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+TINY = {
+    "clients": [
+        {"dataset": "pascal_context", "tasks": ["semseg", "sal"], "single_task": True, "batch_size": 4},
+        {"dataset": "nyud", "tasks": ["semseg", "depth"], "local_epochs": 2, "batch_size": 4},
+    ],
+    "data": {"train_size": [32, 32]},
+    "evaluation": {"every": 2},
+    "rounds": 3,
+    "accelerator": "cpu",
+    "cpu_threads": 1,
+    "logger": {"wandb": False},
+}
+TINY_CLIENTS = 3  # pascal_context-semseg, pascal_context-sal, nyud-semseg+depth
+
+
+def tiny_config(tmp_path: Path, data_root: Path, name: str = "scenario.yaml", **changes) -> Path:
+    """The tiny scenario as a YAML file, with top-level fields replaced by ``changes``."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["data"]["root"] = str(data_root)
+    cfg.update(changes)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def fit(config: Path, run_dir: Path, *extra: str) -> dict:
+    """``fedmtl fit`` in-process; returns results.json."""
+    from fedmtl.cli import main
+
+    assert main(["fit", "--config", str(config), "--run_dir", str(run_dir), *extra]) == 0
+    return read_results(run_dir)
+
+
+def fit_killed_in_round(config: Path, run_dir: Path, monkeypatch, round_: int, fit_run=None) -> None:
+    """``fit`` (or ``fit_run``) killed as round ``round_`` starts training a client, as by
+    Ctrl-C: the checkpoints of the rounds before it stay in ``run_dir``."""
+    import pytest
+
+    from fedmtl.federated.engine import Simulation
+
+    original = Simulation._train_client
+
+    def killed(self, *args):
+        if self.round == round_:
+            raise KeyboardInterrupt("killed")
+        return original(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Simulation, "_train_client", killed)
+        with pytest.raises(KeyboardInterrupt):
+            (fit_run or fit)(config, run_dir)
+
+
+def fit_each(tmp: Path, data_root: Path, algorithms: dict[str, dict], **changes) -> dict[str, Path]:
+    """The tiny scenario (with ``changes``) under each named algorithm (``class_path`` /
+    ``init_args``), same seed; returns each run's directory."""
+    out = {}
+    for name, algorithm in algorithms.items():
+        config = tiny_config(tmp, data_root, name=f"{name}.yaml", algorithm=algorithm, **changes)
+        fit(config, tmp / name)
+        out[name] = tmp / name
+    return out
+
+
+def read_results(run_dir: Path) -> dict:
+    """A finished run's results.json."""
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def client_states(run_dir: Path, clients: int = TINY_CLIENTS) -> list[dict]:
+    """Every client's stored state (federated track and ``personal``) in the latest checkpoint."""
+    from fedmtl.federated import checkpoint
+
+    folder = checkpoint.latest(run_dir)
+    return [checkpoint.load_client(folder, i) for i in range(clients)]
+
+
+# ---------------------------------------------------------------------------- a hand round
+
+# BASELINES.md §3.2 test (a): clients A:semseg, B:depth, C:semseg+normals (shards 1000, 1000,
+# 795); trained encoders 1, 2, 6 and decoders A:semseg (1,1), B:depth (3,3), C:semseg (0,0),
+# C:normals (4,0), each given as start + Δ with both parts exact in float32.
+HAND_ENCODERS_PREV, HAND_ENCODER_DELTAS = [[0.5], [1.5], [4.0]], [[0.5], [0.5], [2.0]]
+HAND_ENCODERS_TRAINED = [[1.0], [2.0], [6.0]]
+HAND_DECODERS_PREV = [[0.5, 1.0], [2.0, 3.5], [0.25, -1.0], [4.0, 0.5]]
+HAND_DECODER_DELTAS = [[0.5, 0.0], [1.0, -0.5], [-0.25, 1.0], [0.0, -0.5]]
+HAND_DECODERS_TRAINED = [[1.0, 1.0], [3.0, 3.0], [0.0, 0.0], [4.0, 0.0]]
+
+
+def hand_clients():
+    from fedmtl.aggregation import ClientInfo
+
+    return [
+        ClientInfo("A", "pascal_context", ("semseg",), 1000),
+        ClientInfo("B", "nyud", ("depth",), 1000),
+        ClientInfo("C", "nyud", ("semseg", "normals"), 795),
+    ]
+
+
+def hand_round(round_: int = 1, participants: tuple[int, ...] | None = None):
+    """The §3.2 hand case as a server's :class:`~fedmtl.aggregation.RoundInput`."""
+    import torch
+
+    from fedmtl.aggregation import FlatLayout, RoundInput, decoder_owners_of
+
+    def layout(numel: int) -> FlatLayout:
+        return FlatLayout(names=("w",), shapes=((numel,),), dtypes=(torch.float32,), tensor_layers=("",))
+
+    clients = hand_clients()
+    return RoundInput(
+        round=round_,
+        clients=clients,
+        encoder_layout=layout(1),
+        encoders_prev=torch.tensor(HAND_ENCODERS_PREV),
+        encoder_deltas=torch.tensor(HAND_ENCODER_DELTAS),
+        decoder_layout=layout(2),
+        decoder_owners=decoder_owners_of(clients),
+        decoders_prev=torch.tensor(HAND_DECODERS_PREV),
+        decoder_deltas=torch.tensor(HAND_DECODER_DELTAS),
+        participants=participants,
+    )
+
+
+# ---------------------------------------------------------------------------- recording local training
+
+
+@contextlib.contextmanager
+def recording_training(calls: list[dict], keep_rounds: int) -> Iterator[None]:
+    """For every ``LocalTrainer.train`` call, record the parameter names in the optimiser it
+    builds (through the project's ``make_optimizer``), its learning rate and weight decay,
+    and the names with requires_grad=False during its steps (the client, its round and
+    whether it fine-tunes, too). The last ``keep_rounds`` rounds' checkpoints are kept."""
+    import pytest
+
+    from fedmtl.federated import checkpoint, training
+    from fedmtl.federated.client import ClientModule
+    from fedmtl.federated.training import LocalTrainer
+
+    train, make, step = LocalTrainer.train, training.make_optimizer, ClientModule.training_step
+
+    def recording_train(self, module, client, dataset, track, **kwargs):
+        names = {id(p): n for n, p in module.model.named_parameters()}
+        epochs = module.spec.local_epochs
+        calls.append(
+            {
+                "client": client,
+                "fine_tune": kwargs.get("fine_tune") is not None,
+                "round": track["epochs_done"] // epochs + 1,
+                "names": names,
+                "no_grad": set(),
+            }
+        )
+        return train(self, module, client, dataset, track, **kwargs)
+
+    def recording_make(params, config, total_epochs):
+        optimizer, scheduler = make(params, config, total_epochs)
+        call = calls[-1]
+        (group,) = optimizer.param_groups
+        call["optimised"] = {call["names"][id(p)] for p in group["params"]}
+        call["lr"], call["weight_decay"], call["scheduled"] = group["lr"], group["weight_decay"], scheduler
+        return optimizer, scheduler
+
+    def recording_step(self, batch, batch_idx=0):
+        calls[-1]["no_grad"] |= {n for n, p in self.model.named_parameters() if not p.requires_grad}
+        return step(self, batch, batch_idx)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LocalTrainer, "train", recording_train)
+        mp.setattr(training, "make_optimizer", recording_make)
+        mp.setattr(ClientModule, "training_step", recording_step)
+        mp.setattr(checkpoint, "publish", functools.partial(checkpoint.publish, keep=keep_rounds))
+        yield

@@ -48,6 +48,20 @@ def fit(config: Path, run_dir: Path, *extra: str) -> dict:
     return read_results(run_dir)
 
 
+def fit_refused(config: Path, run_dir: Path, capsys, *extra: str) -> list[str]:
+    """``fedmtl fit`` that must be refused: asserts a non-zero exit and an empty or absent
+    ``run_dir``; returns the non-blank lines it wrote to stderr."""
+    from fedmtl.cli import main
+
+    try:
+        code = main(["fit", "--config", str(config), "--run_dir", str(run_dir), *extra])
+    except SystemExit as done:  # jsonargparse's own type errors exit through the parser
+        code = done.code
+    assert code not in (0, None)
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
 def fit_killed_in_round(config: Path, run_dir: Path, monkeypatch, round_: int, fit_run=None) -> None:
     """``fit`` (or ``fit_run``) killed as round ``round_`` starts training a client, as by
     Ctrl-C: the checkpoints of the rounds before it stay in ``run_dir``."""

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from fedmtl.aggregation import ClientInfo
-from fedmtl.cli import main
 from fedmtl.config import OptimizerConfig
 from fedmtl.federated import checkpoint
 from fedmtl.federated.client import make_optimizer
@@ -26,7 +25,7 @@ from fedmtl.methods.fedbabu import FedBABU
 from fedmtl.models import MultiTaskModel
 from fedmtl.models.decoder import Head
 from fedmtl.tasks import get_task
-from tests.helpers import client_states, fit, hand_round, recording_training, tiny_config
+from tests.helpers import client_states, fit, fit_refused, hand_round, recording_training, tiny_config
 
 ROUNDS = 2
 FT_EPOCHS = 2
@@ -401,13 +400,7 @@ def test_bad_hyper_parameters_name_the_field(kwargs, field):
 
 def test_cli_rejects_a_zero_fine_tuning_lr_before_writing_anything(tmp_path, data_root, capsys):
     config = tiny_config(tmp_path, data_root, rounds=1)
-    run_dir = tmp_path / "run"
-    argv = ["fit", "--config", str(config), "--run_dir", str(run_dir)]
-    try:
-        code = main([*argv, "--algorithm", "FedBABU", "--algorithm.ft_lr", "0"])
-    except SystemExit as exit_info:
-        code = exit_info.code
-    assert code not in (0, None)
-    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err_lines = fit_refused(
+        config, tmp_path / "run", capsys, "--algorithm", "FedBABU", "--algorithm.ft_lr", "0"
+    )
     assert len(err_lines) == 1 and "algorithm.ft_lr" in err_lines[0], err_lines
-    assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -12,12 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from fedmtl.cli import main
 from fedmtl.losses import proximal_term
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.base import Penalty
 from fedmtl.methods.fedprox import FedProx
-from tests.helpers import client_states, fit_each, read_results, tiny_config
+from tests.helpers import client_states, fit_each, fit_refused, read_results, tiny_config
 
 ROUNDS = 2
 
@@ -217,13 +216,7 @@ def test_cli_rejects_a_negative_mu_before_writing_anything(tmp_path, data_root, 
     """Through ``fedmtl fit``: a non-zero exit, one ``error:`` line naming algorithm.mu, and
     no run directory left behind (the method is built before anything is written)."""
     config = tiny_config(tmp_path, data_root, rounds=1)
-    run_dir = tmp_path / "run"
-    argv = ["fit", "--config", str(config), "--run_dir", str(run_dir)]
-    try:
-        code = main([*argv, "--algorithm", "FedProx", "--algorithm.mu", "-1"])
-    except SystemExit as exit_info:
-        code = exit_info.code
-    assert code not in (0, None)
-    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err_lines = fit_refused(
+        config, tmp_path / "run", capsys, "--algorithm", "FedProx", "--algorithm.mu", "-1"
+    )
     assert len(err_lines) == 1 and "algorithm.mu" in err_lines[0], err_lines
-    assert not run_dir.exists() or not any(run_dir.iterdir())

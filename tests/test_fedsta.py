@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from fedmtl.cli import main
 from fedmtl.federated import checkpoint
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.fedsta import FedSTA
@@ -22,6 +21,7 @@ from tests.helpers import (
     TINY_CLIENTS,
     client_states,
     fit,
+    fit_refused,
     hand_clients,
     hand_round,
     recording_training,
@@ -272,13 +272,6 @@ def test_cli_rejects_a_bad_phase_b_rounds_before_writing_anything(
     the run) each give a non-zero exit, one ``error:`` line naming algorithm.phase_b_rounds,
     and no run directory."""
     config = tiny_config(tmp_path, data_root)
-    run_dir = tmp_path / "run"
-    argv = ["fit", "--config", str(config), "--run_dir", str(run_dir)]
-    try:
-        code = main([*argv, "--algorithm", "FedSTA", "--algorithm.phase_b_rounds", phase_b_rounds])
-    except SystemExit as exit_info:
-        code = exit_info.code
-    assert code not in (0, None)
-    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    argv = ["--algorithm", "FedSTA", "--algorithm.phase_b_rounds", phase_b_rounds]
+    err_lines = fit_refused(config, tmp_path / "run", capsys, *argv)
     assert len(err_lines) == 1 and "algorithm.phase_b_rounds" in err_lines[0], err_lines
-    assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The embedded demo: writes its synthetic data on first use, trains 10 rounds, prints the metrics.
+# It resumes: a second `make demo` continues an interrupted demo or reprints a finished one.
 demo: install
-	$(VENV)/bin/fedmtl fit --config configs/demo.yaml
+	$(VENV)/bin/fedmtl fit --config configs/demo.yaml --resume true
 
 test: install
 	$(PY) -m pytest -q

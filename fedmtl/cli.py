@@ -16,6 +16,7 @@ prints one ``error:`` line; both exit non-zero.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,42 @@ from jsonargparse import ArgumentParser as _ArgumentParser
 
 
 class ArgumentParser(_ArgumentParser):
-    """jsonargparse's parser, whose error for an unknown ``--algorithm`` lists the known methods."""
+    """jsonargparse's parser whose errors are one ``error:`` line (no usage dump); an unknown
+    ``--algorithm`` lists the known methods."""
 
     def error(self, message: str, ex: Exception | None = None):
         if 'Parser key "algorithm"' in message:
             from fedmtl.methods import METHODS
 
-            message = f"{message.rstrip()}\n  known methods: {', '.join(METHODS.names())}"
-        return super().error(message, ex)
+            name = re.search(r"import path string: (\S+)", message)
+            if name:  # jsonargparse lists every way it tried to read the name
+                message = f'Parser key "algorithm": no method named {name.group(1)!r}'
+            message = f"{message.rstrip()}; known methods: {', '.join(METHODS.names())}"
+        if not self.exit_on_error:  # a parent parser reports it
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        print(f"error: {' '.join(message.split())} (all options: {prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _check_config_files(argv: list[str]) -> None:
+    """Every ``--config FILE`` exists and is valid YAML, or one line names the file and the line."""
+    import yaml
+
+    for flag, value in zip(argv, argv[1:]):
+        if flag != "--config":
+            continue
+        path = Path(value)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} not found (--config takes a scenario YAML file)")
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"config file {path}: YAML syntax error{where}: {problem}") from None
 
 
 def synth(
@@ -43,6 +72,7 @@ def synth(
     size: tuple[int, int] = (96, 96),
     seed: int = 0,
     workers: int | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Write a procedurally rendered dataset in the real on-disk layout.
 
@@ -54,6 +84,7 @@ def synth(
         size: image height and width.
         seed: the same seed writes the same files.
         workers: processes to render with (default: all cores).
+        overwrite: replace ``root`` if it already holds files (refused otherwise).
     """
     from fedmtl.data.synth import generate
 
@@ -66,6 +97,7 @@ def synth(
         seed=seed,
         workers=workers,
         progress=_terminal(),
+        overwrite=overwrite,
     )
     print(f"wrote {num_train} train + {num_val} val {dataset} images to {out}")
 
@@ -134,6 +166,11 @@ def _ensure_data(cfg: Any) -> None:
         if s is None or spec.split_file(root, "train").is_file():
             continue
         folder = Path(root) / spec.root_folder
+        if folder.is_dir() and any(folder.iterdir()):
+            raise ValueError(
+                f"data.synth.{dataset}: {folder} holds files but no {dataset} training split, so fedmtl will "
+                f"not write synthetic data over it: move it away, or point data.root at another folder"
+            )
         print(f"generating synthetic {dataset} data in {folder} (first use)", file=sys.stderr)
         generate(
             dataset,
@@ -152,7 +189,8 @@ def format_results(summary: dict[str, Any]) -> str:
     for name, client in summary["clients"].items():
         for task, metrics in client["metrics"].items():
             for metric, value in metrics.items():
-                rows.append((name, task, metric, f"{value:.4f}" if metric == "RMSE" else f"{value:.2f}"))
+                text = "n/a" if value is None else f"{value:.4f}" if metric == "RMSE" else f"{value:.2f}"
+                rows.append((name, task, metric, text))
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -188,28 +226,81 @@ def format_server_values(values: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
+    """Whether ``cfg.run_dir`` can take this fit; raises (naming the fix) if it cannot. Returns
+    True when the run starts fresh there (config.yaml is to be written)."""
+    from fedmtl.federated import checkpoint, rundir
+
+    run_dir = Path(cfg.run_dir)
+    rundir.check_writable(run_dir)
+    if not cfg.resume:
+        rundir.check_fresh(run_dir, cfg.overwrite)
+        return True
+    folder, _ = checkpoint.resumable(run_dir)  # raises when no checkpoint is usable
+    saved = run_dir / "config.yaml"
+    if folder is None:
+        held = [n for n in rundir.contents(run_dir) if n in ("results.json", "metrics.csv")]
+        if held:
+            raise ValueError(
+                f"run_dir {run_dir} holds a run ({', '.join(held)}) but no checkpoint to resume from; "
+                "nothing was changed. Start a new run with another --run_dir"
+            )
+        return True  # nothing was computed yet: the run starts over with this config
+    if saved.is_file():
+        try:
+            before = parser.parse_path(str(saved)).as_dict()
+        except Exception as err:  # noqa: BLE001 - any parse failure means the same thing here
+            raise ValueError(
+                f"{saved} cannot be read ({err}); it is the config the run was made with"
+            ) from None
+        changes = rundir.config_changes(before, cfg_ns.as_dict())
+        if changes:
+            raise ValueError(
+                f"resume: this config differs from the run's ({saved}) in what the run computes: "
+                f"{'; '.join(changes)}. Resume with the run's values, or start a new run with another "
+                f"--run_dir (a resume may change only: {', '.join(rundir.RESUMABLE_FIELDS)})"
+            )
+    return False
+
+
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
+    from fedmtl.config import RunConfig
+    from fedmtl.federated import preflight, rundir
     from fedmtl.federated.engine import run
     from fedmtl.federated.scenario import count_clients
 
     cfg_ns = args.clone()
     cfg_ns.pop("config", None)
-    cfg = parser.instantiate(cfg_ns)
-    cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))  # before anything is written
+    cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))  # RunConfig's own checks run too
+    # Everything is checked before anything is written: the run directory, the machine, the
+    # method against the scenario, the data and the model.
+    leader = _is_leader()
+    fresh = _check_run_dir(parser, cfg, cfg_ns) if leader else False
+    preflight.check_environment(cfg)
+    cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
+    preflight.check_scenario(cfg)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if _is_leader():
-        (run_dir / "config.yaml").write_text(parser.dump(cfg_ns, skip_none=False))
+    if leader:
+        if cfg.overwrite and not cfg.resume:
+            rundir.clear(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            (run_dir / "config.yaml").write_text(parser.dump(cfg_ns, skip_none=False))
+        if cfg.logger.wandb:
+            rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
     summary = run(cfg, config_dict=cfg_ns.as_dict())
     if summary is not None:  # global rank 0
         print(format_results(summary))
         print(f"results: {run_dir / 'results.json'}")
         if summary.get("server"):
             print(format_server_values(summary["server"]))
+        for label, names in summary.get("nonfinite", {}).items():
+            print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
 
 
 def _evaluate(args: Namespace, command: str) -> None:
+    from fedmtl.config import RunConfig
     from fedmtl.federated.engine import evaluate_checkpoint
 
     run_dir = Path(args.run_dir)
@@ -224,12 +315,19 @@ def _evaluate(args: Namespace, command: str) -> None:
     if args.accelerator is not None:
         cfg_ns.accelerator = args.accelerator
     cfg_ns.logger.wandb = False
-    summary = evaluate_checkpoint(parser.instantiate(cfg_ns), output=run_dir / f"{command}_results.json")
+    cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))
+    summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")
     if summary is not None:  # global rank 0
         print(format_results(summary))
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _check_config_files(argv)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -240,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "data" and args.data.data_command == "synth":
             synth(**args.data.synth.as_dict())
     except (FileNotFoundError, ValueError, KeyError) as err:
+        from fedmtl.federated.health import RunStopped
+
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
+        if _is_leader() or not isinstance(err, RunStopped):  # every rank stops; one says why
+            print(f"error: {message}", file=sys.stderr)
         return 1
     return 0
 

@@ -4,38 +4,98 @@ The dataclasses below *are* the schema: jsonargparse reads YAML into them, check
 type, lets any field be overridden on the command line (``--rounds 3``,
 ``--evaluation.every 2``) and prints the resolved config with ``--print_config``. Config
 files state only what differs from these defaults.
+
+Each field is described in its class's ``Attributes:`` section, which jsonargparse (through
+docstring_parser) prints in ``fedmtl fit --help``. Each class's ``__post_init__`` checks the
+ranges jsonargparse's types cannot express and raises one ValueError naming the field by its
+config path and the fix, when the config is instantiated, before anything is written.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from jsonargparse import lazy_instance
 
 from fedmtl.methods import Local, Method
 from fedmtl.models.backbone import DEFAULT_BACKBONE
 
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
+MIN_TRAIN_SIZE = 32  # the encoders' output stride: the deepest feature map is 1/32 of the image
+MIN_SYNTH_SIZE = 16
+MAX_SEED = 2**32 - 1  # numpy's (and so Lightning's seed_everything) range
+
+
+def _at_least(name: str, value: int, low: int, fix: str = "") -> None:
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value!r}{fix}")
+
+
+def _positive(name: str, value: float, fix: str = "") -> None:
+    if not (math.isfinite(value) and value > 0):  # not `value <= 0`: NaN must fail too
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{fix}")
+
+
+def _non_negative(name: str, value: float, fix: str = "") -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}{fix}")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The client model; every client of a run uses the same encoder architecture."""
+    """The client model; every client of a run uses the same encoder architecture.
 
-    backbone: str = DEFAULT_BACKBONE  # timm name or swin_t / swin_s / swin_b
-    pretrained_file: str | None = None  # local weights file; nothing is downloaded
-    embed_dim: int | None = None  # decoder width; None: the encoder's first-scale channels
+    Attributes:
+        backbone: encoder: a timm model name, or swin_t / swin_s / swin_b.
+        pretrained_file: local weights file for the encoder; nothing is downloaded.
+        pretrained_strict: true: every encoder tensor must be in pretrained_file (else an error);
+            false: load the tensors of pretrained_file whose names and shapes match and report how many.
+        embed_dim: decoder width; null: the encoder's first-scale channels.
+    """
+
+    backbone: str = DEFAULT_BACKBONE
+    pretrained_file: str | None = None
+    pretrained_strict: bool = True
+    embed_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.embed_dim is not None:
+            _at_least("model.embed_dim", self.embed_dim, 1, " (or null: the encoder's first-scale channels)")
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW with a per-epoch warm-up cosine schedule (paper 4.1, suppl. C)."""
+    """AdamW with a per-epoch warm-up cosine schedule (paper 4.1, suppl. C).
+
+    Attributes:
+        lr: AdamW learning rate, reached at the end of the warm-up; the cosine decays it to min_lr.
+        weight_decay: AdamW weight decay.
+        warmup_epochs: epochs of linear warm-up from warmup_lr to lr, counted in local epochs
+            (0: none).
+        warmup_lr: learning rate at the first warm-up epoch.
+        min_lr: floor of the cosine, at most lr.
+    """
 
     lr: float = 1e-4
     weight_decay: float = 1e-4
-    warmup_epochs: int = 5  # counted in local epochs
-    warmup_lr: float = 1.25e-7  # learning rate at the first warm-up epoch
-    min_lr: float = 1.25e-6  # floor of the cosine
+    warmup_epochs: int = 5
+    warmup_lr: float = 1.25e-7
+    min_lr: float = 1.25e-6
+
+    def __post_init__(self) -> None:
+        # A client group's optimizer cannot know the group's index: "clients[]" stands for it.
+        name = "clients[].optimizer"
+        _positive(f"{name}.lr", self.lr)
+        _non_negative(f"{name}.weight_decay", self.weight_decay, " (0: no weight decay)")
+        _at_least(f"{name}.warmup_epochs", self.warmup_epochs, 0, " (0: no warm-up)")
+        _non_negative(f"{name}.warmup_lr", self.warmup_lr)
+        _non_negative(f"{name}.min_lr", self.min_lr)
+        # min_lr <= lr is checked by ClientGroup, where the schedule is used: FedBABU's fine-tuning
+        # copies this config (dataclasses.replace, which runs this method) with its own constant
+        # ft_lr, which may lie below min_lr.
 
 
 @dataclass
@@ -45,34 +105,99 @@ class ClientGroup:
     ``single_task: true`` makes one client per task (the paper's "ST" clients); otherwise one
     client learns all the tasks ("MT"). ``replicas`` splits every client into that many
     (the paper's 2C / 4C runs): the dataset's training set is then shared by more clients.
+
+    Attributes:
+        dataset: pascal_context or nyud.
+        tasks: the tasks the group's clients learn (at least one).
+        single_task: one client per task (true) or one client for all the tasks (false).
+        replicas: copies of every client of the group, each with its own part of the training set.
+        local_epochs: epochs each client trains per round (the paper: 1 for PASCAL-Context, 4 for
+            NYUD-v2).
+        batch_size: training batch size of each client.
+        optimizer: each client's optimizer and learning-rate schedule.
     """
 
-    dataset: str  # pascal_context or nyud
+    dataset: str
     tasks: list[str]
     single_task: bool = False
     replicas: int = 1
-    local_epochs: int = 1  # the paper: 1 for PASCAL-Context, 4 for NYUD-v2
+    local_epochs: int = 1
     batch_size: int = 8
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        # A list item cannot know its index; the dataset tells the groups apart in most configs.
+        where = f" (the {self.dataset!r} client group)"
+        if not self.tasks:
+            raise ValueError(f"clients[].tasks is empty{where}: list at least one task")
+        for name in ("replicas", "local_epochs", "batch_size"):
+            _at_least(f"clients[].{name}", getattr(self, name), 1, where)
+        lr, min_lr = self.optimizer.lr, self.optimizer.min_lr
+        if min_lr > lr:
+            raise ValueError(
+                f"clients[].optimizer.min_lr ({min_lr!r}) must be at most clients[].optimizer.lr "
+                f"({lr!r}){where}: the cosine schedule decays lr down to min_lr; lower min_lr or raise lr"
+            )
 
 
 @dataclass
 class SynthConfig:
-    """A synthetic dataset to write on first use when the data root lacks it (the demo)."""
+    """A synthetic dataset to write on first use when the data root lacks it (the demo).
+
+    Attributes:
+        num_train: training images.
+        num_val: validation images.
+        size: image height and width, each at least 16.
+        seed: the same seed writes the same images.
+    """
 
     num_train: int = 500
     num_val: int = 200
     size: tuple[int, int] = (96, 96)
     seed: int = 0
 
+    def check(self, name: str) -> None:
+        """Raise ValueError if a value is out of range; ``name`` is the entry's config path."""
+        _at_least(f"{name}.num_train", self.num_train, 1)
+        _at_least(f"{name}.num_val", self.num_val, 1, " (every client is evaluated on the validation split)")
+        if min(self.size) < MIN_SYNTH_SIZE:
+            raise ValueError(
+                f"{name}.size must be at least {MIN_SYNTH_SIZE} x {MIN_SYNTH_SIZE} pixels, "
+                f"got {list(self.size)}"
+            )
+        _at_least(f"{name}.seed", self.seed, 0)
+
 
 @dataclass
 class DataConfig:
-    root: str | None = None  # holds PASCALContext/ and NYUDv2/; default $FEDMTL_DATA, else ./data
-    train_size: tuple[int, int] | None = None  # training crop / eval padding; None: the paper's sizes
-    num_workers: int = 0  # DataLoader workers per client
-    # dataset name -> synthetic data to generate when that dataset is missing (instead of failing)
+    """Where the datasets are and how they are loaded.
+
+    Attributes:
+        root: folder holding PASCALContext/ and NYUDv2/; null: $FEDMTL_DATA, else ./data.
+        train_size: training crop and evaluation padding [height, width], each at least 32 (the
+            encoder downsamples by 32); null: the paper's sizes (512x512 PASCAL-Context,
+            448x576 NYUD-v2).
+        num_workers: DataLoader worker processes per client (0: load in the training process).
+        synth: dataset name -> synthetic data to generate when that dataset is missing (instead of
+            failing), e.g. {nyud: {num_train: 100, size: [96, 96]}}.
+    """
+
+    root: str | None = None
+    train_size: tuple[int, int] | None = None
+    num_workers: int = 0
     synth: dict[str, SynthConfig] | None = None
+
+    def __post_init__(self) -> None:
+        if self.train_size is not None and min(self.train_size) < MIN_TRAIN_SIZE:
+            raise ValueError(
+                f"data.train_size must be at least {MIN_TRAIN_SIZE} x {MIN_TRAIN_SIZE} (the encoder "
+                f"downsamples by 32), got {list(self.train_size)}; or null for the paper's sizes"
+            )
+        _at_least("data.num_workers", self.num_workers, 0, " (0: load in the training process)")
+        # Checked here, not in SynthConfig.__post_init__: jsonargparse would wrap an error raised
+        # inside the `dict | None` type in a multi-line union report, and here the key is known.
+        for dataset, synth in (self.synth or {}).items():
+            synth.check(f"data.synth.{dataset}")
 
     def resolved_root(self) -> str:
         return self.root or os.environ.get("FEDMTL_DATA", "data")
@@ -80,39 +205,117 @@ class DataConfig:
 
 @dataclass
 class EvaluationConfig:
-    every: int = 4  # rounds between evaluations on the full validation set (the last round always)
+    """When and how every client is evaluated on its dataset's validation split.
+
+    Attributes:
+        every: rounds between evaluations on the full validation set; the last round is always
+            evaluated (0: only the last round).
+        batch_size: evaluation batch size.
+    """
+
+    every: int = 4
     batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        _at_least("evaluation.every", self.every, 0, " (0: evaluate after the last round only)")
+        _at_least("evaluation.batch_size", self.batch_size, 1)
 
 
 @dataclass
 class LoggerConfig:
-    wandb: bool = True  # metrics.csv is always written; wandb in addition
-    mode: Literal["offline", "online", "disabled"] = "offline"  # offline needs no account or network
+    """Where the metrics go.
+
+    Attributes:
+        wandb: log to Weights & Biases too; RUN_DIR/metrics.csv is always written.
+        mode: wandb mode; offline needs no account or network.
+        project: wandb project.
+        name: wandb run name; null: the run directory's name.
+    """
+
+    wandb: bool = True
+    mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "fedmtl"
-    name: str | None = None  # run name; default: the run directory's name
+    name: str | None = None
 
 
 @dataclass
 class RunConfig:
-    """One federated run: who the clients are, how they learn, how the server aggregates."""
+    """One federated run: who the clients are, how they learn, how the server aggregates.
+
+    Attributes:
+        clients: the client groups; each makes one or more clients.
+        model: the client model.
+        algorithm: the federated method, by name (--algorithm FedHCA2) or as class_path /
+            init_args; --algorithm.help NAME lists its options.
+        data: where the datasets are and how they are loaded.
+        evaluation: when and how the clients are evaluated.
+        logger: where the metrics go.
+        rounds: federated rounds (at least 1).
+        accelerator: cpu, gpu (= cuda), mps or auto.
+        devices: processes per node; the clients are sharded across them.
+        num_nodes: machines, launched with torchrun or SLURM.
+        precision: 32-true, or a mixed precision (autocast on GPUs).
+        cpu_threads: torch threads per process on CPU; null: the cores divided among the local
+            processes. Threaded kernels sum in a thread-count-dependent order: a fixed value gives
+            bit-identical results whatever the number of devices, and 1 degrades least on shared
+            cores.
+        seed: the random seed of the data partition, the models' initialisation and the training
+            order (0 to 2**32 - 1).
+        run_dir: folder of the run's checkpoints, metrics.csv, results.json and config.yaml.
+        resume: continue from run_dir's latest checkpoint.
+        overwrite: a fresh fit (resume false) replaces the run already in run_dir.
+        nonfinite: a client update with NaN/inf: drop it (the client keeps its previous state;
+            warned and counted in metrics.csv as server/dropped_updates), or stop the run with an
+            error.
+        checkpoint_every: rounds between checkpoints; the last round always has one (0: only the
+            last round).
+        store: where client state waits between rounds: memory, or disk (run_dir/store) for more
+            clients than fit in memory.
+    """
 
     clients: list[ClientGroup]
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: Method = field(default_factory=lambda: lazy_instance(Local))  # class_path / init_args
+    algorithm: Method = field(default_factory=lambda: lazy_instance(Local))
     data: DataConfig = field(default_factory=DataConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     rounds: int = 100
-    accelerator: str = "auto"  # cpu, gpu, auto
-    devices: int = 1  # processes per node; clients are sharded across them
-    num_nodes: int = 1  # machines, launched with torchrun or SLURM
-    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"  # mixed: autocast on GPUs
-    # torch threads per process on CPU; None: the cores divided among the local processes.
-    # Threaded kernels sum in a thread-count-dependent order: equal values give bit-identical
-    # results whatever the number of devices.
-    cpu_threads: int | None = None
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    cpu_threads: int | None = 1
     seed: int = 0
     run_dir: str = "runs/default"
-    resume: bool = False  # continue from run_dir's latest checkpoint
-    checkpoint_every: int = 1  # rounds between checkpoints (0: only at the end)
-    store: Literal["memory", "disk"] = "memory"  # where client state waits between rounds
+    resume: bool = False
+    overwrite: bool = False
+    nonfinite: Literal["drop", "stop"] = "drop"
+    checkpoint_every: int = 1
+    store: Literal["memory", "disk"] = "memory"
+
+    @classmethod
+    def from_namespace(cls, namespace: Any) -> RunConfig:
+        """The RunConfig of a namespace that ``parser.instantiate`` returned.
+
+        jsonargparse instantiates the nested configs (which check themselves in
+        ``__post_init__``) but leaves the top level a namespace, so the checks below would not
+        run; keys that are not fields (``config``, the config files read) are left out."""
+        return cls(**{f.name: namespace[f.name] for f in fields(cls) if f.name in namespace})
+
+    def __post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients is empty: the scenario needs at least one client group")
+        _at_least("rounds", self.rounds, 1)
+        if self.accelerator.lower() not in ACCELERATORS:
+            raise ValueError(
+                f"accelerator must be one of {', '.join(ACCELERATORS)}, got {self.accelerator!r}"
+            )
+        _at_least("devices", self.devices, 1, " (processes per node)")
+        _at_least("num_nodes", self.num_nodes, 1, " (machines)")
+        if self.cpu_threads is not None:
+            _at_least("cpu_threads", self.cpu_threads, 1, " (or null: the cores divided among the processes)")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, {MAX_SEED}] (numpy's seed range), got {self.seed!r}")
+        _at_least(
+            "checkpoint_every", self.checkpoint_every, 0, " (0: a checkpoint after the last round only)"
+        )

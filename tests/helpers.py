@@ -62,6 +62,38 @@ def fit_refused(config: Path, run_dir: Path, capsys, *extra: str) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder``, by relative path (empty if it does not exist)."""
+    import hashlib
+
+    if not folder.exists():
+        return {}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def refused_keeping(command: list[str], folder: Path, capsys) -> list[str]:
+    """``fedmtl COMMAND`` that must be refused without changing any file under ``folder``:
+    asserts a non-zero exit, exactly one ``error:`` line and unchanged hashes; returns the
+    non-blank stderr lines."""
+    from fedmtl.cli import main
+
+    before = file_hashes(folder)
+    capsys.readouterr()
+    try:
+        code = main(command)
+    except SystemExit as done:
+        code = done.code
+    assert code not in (0, None)
+    assert file_hashes(folder) == before
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert sum(line.startswith("error:") for line in lines) == 1, lines
+    return lines
+
+
 def fit_killed_in_round(config: Path, run_dir: Path, monkeypatch, round_: int, fit_run=None) -> None:
     """``fit`` (or ``fit_run``) killed as round ``round_`` starts training a client, as by
     Ctrl-C: the checkpoints of the rounds before it stay in ``run_dir``."""

@@ -121,11 +121,14 @@ def test_a_task_the_dataset_lacks_is_a_one_line_error(tmp_path, data_root, capsy
     assert err.startswith("error: clients[0].tasks:") and "human_parts" in err
 
 
-def test_a_missing_dataset_points_to_the_demo(tmp_path, capsys):
+def test_a_missing_dataset_names_its_folder_and_the_command_that_writes_it(tmp_path, capsys):
     config = _config(tmp_path, tmp_path / "empty", data={"root": str(tmp_path / "empty")})
     assert main(["fit", "--config", str(config), "--run_dir", str(tmp_path / "r")]) == 1
-    err = capsys.readouterr().err
-    assert "training split not found" in err and "make demo" in err
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("error: nyud training split not found")
+    assert f"fedmtl data synth --dataset nyud --root {tmp_path / 'empty' / 'NYUDv2'}" in first
+    assert "make demo" not in first
+    assert not (tmp_path / "r").exists()
 
 
 def test_two_cpu_processes_give_the_results_of_one(tmp_path, data_root):

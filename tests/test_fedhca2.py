@@ -309,9 +309,13 @@ def test_a_weight_at_zero_stays_zero_and_its_term_vanishes():
 
 
 def test_a_weight_above_one_is_applied_as_one_and_only_decays():
-    agg = FedHCA2(alpha_init=1.5, beta_init=1.0)
+    # A weight can end above 1 (a momentum step past it; alpha_init itself must be in [0, 1]).
+    agg = FedHCA2(alpha_init=1.0, beta_init=1.0)
     prev_enc, prev_dec = torch.zeros(N_CLIENTS, 8), torch.zeros(N_CLIENTS, DIRECTION_DECODER.numel)
-    out = agg.aggregate(_random_round(1, prev_enc, prev_dec, seed=0))
+    out = agg.aggregate(_random_round(1, prev_enc, prev_dec, seed=0))  # no step in round 1
+    state = agg.state_dict()
+    state["alpha"] = torch.full((N_CLIENTS,), 1.5, dtype=torch.float64)
+    agg.load_state_dict(state)
     update, attention = agg.state_dict()["encoder_update"], agg.state_dict()["decoder_update"]
     # Strongly against Ũ and A: inside (0, 1) this would pull the weights down by lr·‖Ũ‖².
     inputs = _random_round(

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -387,3 +393,224 @@ def test_datasets_differ_in_colour(pascal, nyud):
     nyud_brightness, nyud_blue = stats(nyud)
     assert pascal_brightness > nyud_brightness + 20  # daylight outdoors, a dim room indoors
     assert pascal_blue > nyud_blue + 0.15  # blue sky, warm lamp light
+
+
+# --------------------------------------------------------------------------- never overwrite, atomic
+
+
+TINY = {"num_train": 2, "num_val": 1, "size": (16, 16), "workers": 1, "progress": False}
+
+
+def _tiny(dataset: str, root: Path, **changes) -> Path:
+    return generate(dataset, root, **{**TINY, **changes})
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_an_existing_dataset_is_refused_before_any_file_changes(tmp_path):
+    """Synthetic ids collide with real VOC ids: generating over a dataset would silently mix
+    synthetic files into it. The refusal names the folder and the fix, and touches nothing."""
+    root = tmp_path / "PASCALContext"
+    _tiny("pascal_context", root)
+    (root / "mine.txt").write_text("a file of the user's")
+    before = _hashes(root)
+    with pytest.raises(ValueError) as err:
+        _tiny("pascal_context", root, seed=1)
+    message = _one_line(err)
+    assert str(root) in message and "already holds files" in message
+    assert "looks like a pascal_context dataset" in message and "ImageSets/Context/train.txt" in message
+    assert "--overwrite true" in message and "--root" in message
+    assert _hashes(root) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["PASCALContext"]  # no staging folder either
+
+
+def test_a_folder_holding_other_files_is_refused_too(tmp_path):
+    root = tmp_path / "NYUDv2"
+    root.mkdir()
+    (root / "notes.txt").write_text("not a dataset, still the user's")
+    with pytest.raises(ValueError) as err:
+        _tiny("nyud", root)
+    message = _one_line(err)
+    assert str(root) in message and "already holds files" in message and "--overwrite true" in message
+    assert "has no gt_sets/train.txt" in message  # says it does not look like a dataset
+    assert [p.name for p in root.iterdir()] == ["notes.txt"]
+    assert (root / "notes.txt").read_text() == "not a dataset, still the user's"
+
+
+def test_an_empty_existing_folder_is_filled(tmp_path):
+    """``mkdir data/NYUDv2`` before generating is a normal thing to do, not something to refuse."""
+    root = tmp_path / "NYUDv2"
+    root.mkdir()
+    assert _tiny("nyud", root) == root
+    assert read_split(NYUDLayout(root).split_file("train")) == ["0000001", "0000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NYUDv2"]
+
+
+def test_overwrite_replaces_the_folder_with_the_new_dataset_only(tmp_path):
+    root = tmp_path / "data" / "NYUDv2"
+    _tiny("nyud", root, seed=5)
+    (root / "stale.txt").write_text("from before")
+    assert _tiny("nyud", root, overwrite=True) == root
+    assert not (root / "stale.txt").exists()
+    assert _hashes(root) == _hashes(_tiny("nyud", tmp_path / "fresh"))  # exactly a fresh generation
+    assert sorted(p.name for p in root.parent.iterdir()) == ["NYUDv2"]  # the old folder is deleted
+
+
+def _interrupt_after_first_chunk(monkeypatch) -> None:
+    import fedmtl.data.synth as synth
+
+    original, calls = synth._write_chunk, []
+
+    def interrupted(*args):
+        if calls:
+            raise KeyboardInterrupt("interrupted")
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(synth, "_write_chunk", interrupted)
+
+
+def test_an_interrupted_generation_leaves_no_dataset_behind(tmp_path, monkeypatch):
+    """A split file is what tells `fedmtl fit` that data is present: after an interruption there
+    must be no dataset folder at all, so the next run generates again, and then succeeds."""
+    root = tmp_path / "NYUDv2"
+    with monkeypatch.context() as patch:
+        _interrupt_after_first_chunk(patch)
+        with pytest.raises(KeyboardInterrupt):
+            _tiny("nyud", root)
+    assert not root.exists()
+    assert not any(tmp_path.iterdir())  # the partial files are removed too
+    _tiny("nyud", root)
+    assert len(read_split(NYUDLayout(root).split_file("val"))) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NYUDv2"]
+
+
+def test_an_interrupted_overwrite_keeps_the_old_dataset(tmp_path, monkeypatch):
+    root = tmp_path / "NYUDv2"
+    _tiny("nyud", root, seed=5)
+    before = _hashes(root)
+    with monkeypatch.context() as patch:
+        _interrupt_after_first_chunk(patch)
+        with pytest.raises(KeyboardInterrupt):
+            _tiny("nyud", root, overwrite=True)
+    assert _hashes(root) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NYUDv2"]
+
+
+KILLED_AFTER_FIRST_CHUNK = """
+import os, signal, sys
+import fedmtl.data.synth as synth
+original = synth._write_chunk
+def killed(*args):
+    original(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+synth._write_chunk = killed
+synth.generate("nyud", sys.argv[1], 2, 1, (16, 16), workers=1, progress=False)
+"""
+
+
+def test_the_leftover_of_a_killed_generation_is_deleted_by_the_next_call(tmp_path):
+    """A killed process cannot clean up after itself; the next call removes its staging folder
+    (it holds the generator's marker file) and generates normally."""
+    root = tmp_path / "NYUDv2"
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_CHUNK, str(root)], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert not root.exists()
+    (leftover,) = tmp_path.iterdir()
+    assert leftover.name == ".NYUDv2.synth-partial" and (leftover / "gt_sets" / "train.txt").is_file()
+    _tiny("nyud", root)
+    assert len(read_split(NYUDLayout(root).split_file("train"))) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NYUDv2"]
+
+
+def test_a_folder_with_the_staging_name_but_no_marker_is_not_deleted(tmp_path):
+    """Only a folder the generator itself made is deleted; anything else of that name is the
+    user's, and is refused with the way out."""
+    staging = tmp_path / ".NYUDv2.synth-partial"
+    staging.mkdir()
+    (staging / "keep.txt").write_text("the user's")
+    with pytest.raises(ValueError) as err:
+        _tiny("nyud", tmp_path / "NYUDv2")
+    message = _one_line(err)
+    assert str(staging) in message and "move or delete it" in message
+    assert (staging / "keep.txt").read_text() == "the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".NYUDv2.synth-partial"]
+
+
+def test_old_contents_moved_aside_by_an_interrupted_overwrite_are_kept(tmp_path):
+    """Killed between the two renames of an overwrite, the old dataset sits in a sibling folder:
+    it is the user's, so the next call refuses and says how to get it back."""
+    aside = tmp_path / ".NYUDv2.synth-replaced"
+    aside.mkdir()
+    (aside / "real.png").write_bytes(b"real data")
+    with pytest.raises(ValueError) as err:
+        _tiny("nyud", tmp_path / "NYUDv2", overwrite=True)
+    message = _one_line(err)
+    assert str(aside) in message and f"rename it back to {tmp_path / 'NYUDv2'}" in message
+    assert (aside / "real.png").read_bytes() == b"real data"
+    assert not (tmp_path / "NYUDv2").exists()
+
+
+@pytest.mark.parametrize("parent", ["read_only", "read_only/missing"])
+def test_a_parent_folder_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypatch, parent):
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:  # root ignores file modes: make creating a folder in there fail as it would
+
+        def mkdir(path, mode=0o777):
+            if Path(path).parent == read_only:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real_mkdir(path, mode)
+
+        real_mkdir = os.mkdir
+        monkeypatch.setattr(os, "mkdir", mkdir)
+    root = tmp_path / parent / "NYUDv2"
+    try:
+        with pytest.raises(ValueError) as err:
+            _tiny("nyud", root)
+    finally:
+        read_only.chmod(0o755)
+    message = _one_line(err)
+    assert str(root.parent if parent == "read_only" else read_only / "missing") in message
+    assert "Permission denied" in message and "--root" in message
+    assert not any(read_only.iterdir())
+
+
+def test_a_mount_point_is_refused_before_rendering(tmp_path, monkeypatch):
+    """A finished dataset is renamed into place, which fails on a mount point: say so at once,
+    not after an hour of rendering."""
+    import fedmtl.data.synth as synth
+
+    root = tmp_path / "NYUDv2"
+    root.mkdir()
+    monkeypatch.setattr(synth.os.path, "ismount", lambda path: Path(path) == root)
+    with pytest.raises(ValueError) as err:
+        _tiny("nyud", root)
+    message = _one_line(err)
+    assert str(root) in message and "mount point" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["NYUDv2"] and not any(root.iterdir())
+
+
+def test_a_symlinked_dataset_folder_is_filled_where_it_points(tmp_path):
+    """data/NYUDv2 -> /big/disk/NYUDv2 is a common setup: the link stays, the data lands on the disk."""
+    target = tmp_path / "disk" / "NYUDv2"
+    target.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    link = tmp_path / "data" / "NYUDv2"
+    link.symlink_to(target, target_is_directory=True)
+    assert _tiny("nyud", link) == link
+    assert link.is_symlink() and NYUDLayout(target).split_file("train").is_file()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["NYUDv2"]

@@ -49,6 +49,12 @@ def check_tasks(dataset: str, tasks: Sequence[str] | None, available: Sequence[s
     return tasks
 
 
+def one_line(tree: str) -> str:
+    """A dataset's layout tree on one line, for an error message."""
+    top, *entries = (line.strip() for line in tree.splitlines() if line.strip())
+    return f"{top} holding {', '.join(entries)}"
+
+
 class DenseDataset(torch.utils.data.Dataset):
     """Common machinery of the dense-prediction datasets: split, subset, file checks, RNG.
 
@@ -126,11 +132,15 @@ class DenseDataset(torch.utils.data.Dataset):
 
     def missing(self, what: str, path: Path, more: str = "") -> FileNotFoundError:
         return FileNotFoundError(
-            f"{what} not found: {path}{more}\n"
-            f"Expected layout:\n{self.tree}\n"
-            f"To generate a small synthetic dataset in this layout: "
-            f"fedmtl data synth --dataset {self.name} --root {self.root}"
+            f"{what} not found: {path}{more}. To write a small synthetic dataset in this layout: "
+            f"fedmtl data synth --dataset {self.name} --root {self._dataset_folder()} "
+            f"(expected layout: {one_line(self.tree)})"
         )
+
+    def _dataset_folder(self) -> Path:
+        """The dataset folder itself (``root`` may be the data directory that lacks it)."""
+        folder = DATASETS.get(self.name).root_folder
+        return self.root if self.root.name == folder else self.root / folder
 
     def _check_files(self, ids: Sequence[str]) -> None:
         for path in self._meta_files():
@@ -162,7 +172,15 @@ class DenseDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Sample:
         image_id = self.ids[index]
-        sample = self._load(image_id)
+        try:
+            sample = self._load(image_id)
+        except (OSError, ValueError, KeyError, IndexError) as err:  # PIL, scipy.io, numpy
+            files = [next((p for p in paths if p.is_file()), paths[0]) for _, paths in self._files(image_id)]
+            raise ValueError(
+                f"{self.title} {self.split} image {image_id!r} cannot be read ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); its files: {', '.join(map(str, files))}. "
+                "Replace the corrupt file, or remove the id from the split file"
+            ) from err
         height, width = sample["image"].shape[:2]
         if self.transform is not None:
             sample = self.transform(sample, self.rng(index))

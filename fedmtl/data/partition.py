@@ -60,6 +60,11 @@ def partition_clients(
         if dataset not in sizes:
             raise KeyError(f"no training size for dataset {dataset!r}; known: {', '.join(sorted(sizes))}")
         key = dataset if group is None else f"{dataset}/{group}"
+        if sizes[dataset] < len(clients):
+            raise ValueError(
+                f"{dataset} has {sizes[dataset]} training images for {len(clients)} clients: every client "
+                "needs at least one; use fewer clients (replicas) or more training images"
+            )
         parts = partition_indices(sizes[dataset], len(clients), _group_seed(seed, key))
         for client, part in zip(clients, parts):
             result[client] = part

@@ -23,11 +23,16 @@ agree with each other and with the image:
 
 The same seed gives the same files byte for byte: image k of a split draws from its own
 random stream, SeedSequence([seed, dataset, split, k]), whatever the number of workers.
+
+Nothing is overwritten unless asked for: a folder that already holds files is refused (unless
+``overwrite=True``), and the files are written to a hidden sibling folder that is renamed into
+place only when complete, so a dataset folder is either absent or whole.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -253,6 +258,102 @@ def _write_chunk(
     return len(indices)
 
 
+_LAYOUTS = {"pascal_context": PascalContextLayout, "nyud": NYUDLayout}  # for the train split file
+_MARKER = ".fedmtl-synth-partial"  # in the staging folder: only a folder holding it is ours to delete
+
+
+def _staging(target: Path) -> Path:
+    """Where a generation writes until it is complete: a hidden sibling of the dataset folder."""
+    return target.parent / f".{target.name}.synth-partial"
+
+
+def _aside(target: Path) -> Path:
+    """Where ``overwrite=True`` moves the old dataset folder until the new one is in place."""
+    return target.parent / f".{target.name}.synth-replaced"
+
+
+def _check_target(dataset: str, root: Path, target: Path, overwrite: bool) -> None:
+    """Refuse, before anything is rendered or written, whatever would overwrite or delete files
+    that are not ours. ``root`` as the user gave it (for messages), ``target`` resolved."""
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{root} is a file, not a folder: choose another --root for the {dataset} dataset")
+    if not overwrite and target.is_dir():
+        try:
+            holds_files = any(target.iterdir())
+        except PermissionError as err:
+            raise ValueError(f"cannot read {root} ({err.strerror}): choose another --root") from None
+        if holds_files:
+            split = _LAYOUTS[dataset](target).split_file("train")
+            name = split.relative_to(target)
+            kind = f"it looks like a {dataset} dataset: it has" if split.is_file() else "it has no"
+            raise ValueError(
+                f"{root} already holds files ({kind} {name}), which synthetic data would overwrite: pass "
+                "--overwrite true to replace it with synthetic data, or choose another --root"
+            )
+    if target.is_dir() and os.path.ismount(target):
+        raise ValueError(
+            f"{root} is a mount point, and a generated dataset is renamed into place, which a mount "
+            "point cannot be: mount its parent folder instead, or choose another --root"
+        )
+    aside = _aside(target)
+    if aside.exists() or aside.is_symlink():
+        keep = "" if target.exists() else f"rename it back to {root} to keep them, or "
+        raise ValueError(
+            f"{aside} holds the old contents of {root}, moved aside by an interrupted --overwrite: "
+            f"{keep}delete it, then run again"
+        )
+    staging = _staging(target)
+    ours = staging.is_dir() and not staging.is_symlink() and (staging / _MARKER).is_file()
+    if (staging.exists() or staging.is_symlink()) and not ours:
+        raise ValueError(
+            f"{staging} is in the way: it has the name of the synthetic generator's staging folder but "
+            f"not its marker file {_MARKER}, so it is not deleted: move or delete it, then run again"
+        )
+
+
+def _start_staging(root: Path, target: Path) -> Path:
+    """An empty staging folder holding only our marker; a leftover of ours (from an interrupted
+    generation) is deleted first."""
+    staging = _staging(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if staging.exists():  # ours: _check_target found the marker
+            shutil.rmtree(staging)
+        staging.mkdir()
+    except PermissionError as err:
+        raise ValueError(
+            f"cannot create {err.filename or staging} ({err.strerror}): {root} must be in a folder "
+            f"you can write to ({target.parent}); choose another --root"
+        ) from None
+    (staging / _MARKER).write_text(f"fedmtl data synth is writing {target} here; removed when complete\n")
+    return staging
+
+
+def _move_into_place(staging: Path, target: Path, root: Path) -> None:
+    """Rename the complete ``staging`` folder to ``target``. An existing non-empty ``target``
+    (only with overwrite) is first renamed aside, and deleted only once the new folder is in place."""
+    aside = _aside(target)
+    replacing = target.is_dir() and any(target.iterdir())
+    if replacing:
+        os.replace(target, aside)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            os.replace(aside, target)
+            raise
+    else:
+        os.replace(staging, target)  # (an empty folder is replaced too)
+    (target / _MARKER).unlink()
+    if replacing:
+        try:
+            shutil.rmtree(aside)
+        except OSError as err:
+            raise ValueError(
+                f"wrote {root}, but could not delete its old contents, moved aside to {aside} ({err}): "
+                "delete that folder by hand"
+            ) from None
+
+
 def generate(
     dataset: str,
     root: str | Path,
@@ -262,11 +363,17 @@ def generate(
     seed: int = 0,
     workers: int | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Render ``num_train`` + ``num_val`` images of ``dataset`` ("pascal_context" or "nyud")
     at ``size`` (height, width) into ``root``, the dataset folder itself; return ``root``.
 
     ``workers`` processes render in parallel (default: one per core; 1 renders in this process).
+
+    A ``root`` that already holds files is refused with a ValueError (before anything is written)
+    unless ``overwrite``. The images are written to a hidden sibling folder, renamed to ``root``
+    only when complete (with ``overwrite``, the old folder is deleted only after that), so an
+    interrupted generation leaves no ``root``; its leftover is deleted by the next call.
     """
     try:
         spec = SYNTH.get(dataset)
@@ -280,23 +387,33 @@ def generate(
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     root = Path(root)
-    counts = dict(zip(SPLITS, (num_train, num_val)))
-    spec.write_meta(root, {split: [spec.image_id(split, i) for i in range(n)] for split, n in counts.items()})
+    target = root.resolve()  # a symlinked dataset folder: work next to the folder it points to
+    _check_target(dataset, root, target, overwrite)
+    staging = _start_staging(root, target)
+    try:
+        counts = dict(zip(SPLITS, (num_train, num_val)))
+        spec.write_meta(
+            staging, {split: [spec.image_id(split, i) for i in range(n)] for split, n in counts.items()}
+        )
 
-    workers = max(1, os.cpu_count() or 1) if workers is None else max(1, workers)
-    total = num_train + num_val
-    chunk = max(1, min(32, total // (4 * workers)))
-    jobs = [
-        (dataset, root, seed, split, range(start, min(start + chunk, n)), (height, width))
-        for split, n in counts.items()
-        for start in range(0, n, chunk)
-    ]
-    with tqdm(total=total, desc=f"synth {dataset}", unit="img", disable=not progress) as bar:
-        if workers == 1:
-            for job in jobs:
-                bar.update(_write_chunk(*job))
-        else:
-            with ProcessPoolExecutor(workers) as pool:
-                for done in as_completed([pool.submit(_write_chunk, *job) for job in jobs]):
-                    bar.update(done.result())
+        workers = max(1, os.cpu_count() or 1) if workers is None else max(1, workers)
+        total = num_train + num_val
+        chunk = max(1, min(32, total // (4 * workers)))
+        jobs = [
+            (dataset, staging, seed, split, range(start, min(start + chunk, n)), (height, width))
+            for split, n in counts.items()
+            for start in range(0, n, chunk)
+        ]
+        with tqdm(total=total, desc=f"synth {dataset}", unit="img", disable=not progress) as bar:
+            if workers == 1:
+                for job in jobs:
+                    bar.update(_write_chunk(*job))
+            else:
+                with ProcessPoolExecutor(workers) as pool:
+                    for done in as_completed([pool.submit(_write_chunk, *job) for job in jobs]):
+                        bar.update(done.result())
+        _move_into_place(staging, target, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # best effort; else the next call deletes it
+        raise
     return root

@@ -7,6 +7,10 @@
 Every rank writes its own clients into ``round_0007.tmp``; rank 0 then writes the server
 file, renames the folder and rewrites ``latest`` (both atomic renames), and removes older
 folders. A crash at any point leaves ``latest`` naming a complete checkpoint.
+
+Resuming never deletes or skips a checkpoint silently: if ``latest`` is missing or names a
+folder that is gone or incomplete, :func:`resumable` falls back to the newest complete round
+folder and says so; if round folders exist but none is complete, it refuses.
 """
 
 from __future__ import annotations
@@ -46,18 +50,60 @@ def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int 
     tmp = root / ".latest.tmp"
     tmp.write_text(final.name)
     tmp.replace(root / "latest")
-    older = sorted(p for p in root.glob("round_*") if p.is_dir() and p.suffix != ".tmp" and p != final)
+    older = [p for p in round_folders(run_dir) if p.name < final.name]  # never a newer one
     for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _complete(folder: Path) -> bool:
+    return folder.is_dir() and (folder / "server.pt").is_file()
+
+
+def round_folders(run_dir: str | Path) -> list[Path]:
+    """Every published-looking round folder (complete or not), oldest first."""
+    root = _root(run_dir)
+    return sorted(p for p in root.glob("round_*") if p.is_dir() and p.suffix != ".tmp")
+
+
 def latest(run_dir: str | Path) -> Path | None:
+    """The folder ``latest`` names, if it is complete; None otherwise (see :func:`resumable`)."""
     pointer = _root(run_dir) / "latest"
     if not pointer.is_file():
         return None
-    folder = _root(run_dir) / pointer.read_text().strip()
-    return folder if (folder / "server.pt").is_file() else None
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    folder = _root(run_dir) / name
+    if not name.startswith("round_") or "/" in name or not _complete(folder):
+        return None
+    return folder
+
+
+def resumable(run_dir: str | Path) -> tuple[Path | None, str | None]:
+    """The checkpoint to resume from and, when it is not the one ``latest`` names, a note
+    saying why. ``(None, None)``: the run has no checkpoint at all. Raises ValueError when
+    round folders exist but none is complete (nothing to resume from, nothing to delete)."""
+    folder = latest(run_dir)
+    if folder is not None:
+        return folder, None
+    complete = [f for f in round_folders(run_dir) if _complete(f)]
+    pointer = _root(run_dir) / "latest"
+    if complete:
+        problem = (
+            "is missing" if not pointer.exists() else "is unreadable or does not name a complete checkpoint"
+        )
+        return complete[-1], (
+            f"the latest pointer ({pointer}) {problem}; resuming from {complete[-1].name}, the newest "
+            "complete checkpoint"
+        )
+    if round_folders(run_dir) or pointer.exists():
+        raise ValueError(
+            f"{_root(run_dir)} holds no complete checkpoint (no round_*/server.pt), so the run cannot be "
+            "resumed; nothing was changed. Start a new run with another --run_dir"
+        )
+    return None, None
 
 
 def load_server(folder: Path) -> dict[str, Any]:

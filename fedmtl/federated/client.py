@@ -6,6 +6,8 @@ metrics; *when* steps run is the round loop's business (``fedmtl.federated.engin
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +19,10 @@ from torch import nn
 from fedmtl.config import ModelConfig, OptimizerConfig
 from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import get_task, multi_task_loss
+
+# timm warns, for every optimiser it builds, that a one-epoch cosine does not anneal: true
+# and harmless (a one-round run, FedBABU's fine-tuning), and noise in every log.
+logging.getLogger("timm.scheduler.cosine_lr").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class ClientModule(L.LightningModule):
             spec.tasks,
             backbone=model.backbone,
             pretrained_file=model.pretrained_file,
+            pretrained_strict=model.pretrained_strict,
             img_size=img_size,
             embed_dim=model.embed_dim,
         )
@@ -64,6 +71,7 @@ class ClientModule(L.LightningModule):
         self.metrics = nn.ModuleDict(
             {t: get_task(t).metric(spec.dataset, sync_on_compute=False) for t in spec.tasks}
         )
+        self._nonfinite: set[str] = set()  # tasks whose predictions held NaN/inf since the last compute
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.model(images)
@@ -75,15 +83,23 @@ class ClientModule(L.LightningModule):
     def validation_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int = 0) -> None:
         preds = self.model(batch["image"])
         for task in self.spec.tasks:
+            if not torch.isfinite(preds[task]).all():
+                # argmax / thresholds would turn NaN into plausible labels: the metric is NaN.
+                self._nonfinite.add(task)
             pred = get_task(task).postprocess(preds[task])
             # Metrics accumulate in full precision even when the forward ran under autocast.
             self.metrics[task].update(pred.float() if pred.is_floating_point() else pred, batch[task])
 
     def compute_metrics(self) -> dict[str, float]:
-        """Task metrics over everything validated since the last call (then reset)."""
-        values = {task: float(metric.compute()) for task, metric in self.metrics.items()}
+        """Task metrics over everything validated since the last call (then reset); NaN for a
+        task whose predictions were not finite."""
+        values = {
+            task: math.nan if task in self._nonfinite else float(metric.compute())
+            for task, metric in self.metrics.items()
+        }
         for metric in self.metrics.values():
             metric.reset()
+        self._nonfinite.clear()
         return values
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, CosineLRScheduler]:

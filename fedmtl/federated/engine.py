@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from fedmtl.config import RunConfig
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
 from fedmtl.federated import checkpoint
 from fedmtl.federated.client import ClientModule
+from fedmtl.federated.health import RunStopped, all_finite, describe, nonfinite_pools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
@@ -191,40 +193,81 @@ class Simulation:
 
     def _train_client(
         self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, int]:
         """Local training of client ``i`` (the method's ``local_update``): writes its rows of
-        parameters before training and of deltas, returns its mean losses [LOSS_COLUMNS]. A
-        client that sits the round out writes its current parameters and zero deltas."""
+        parameters before training and of deltas; returns its mean losses [LOSS_COLUMNS] and
+        the :func:`~fedmtl.federated.health.nonfinite_pools` mask of what it trained. A client
+        that sits the round out, or whose update is not finite, writes zero deltas and keeps
+        the state it started the round with."""
         spec = self.specs[i]
         module, state = self._materialise(i)
         decoders = [module.model.decoders[t] for t in spec.tasks]
         rows["enc_prev"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
+        rows["enc_delta"][enc_row] = 0
+        rows["dec_delta"][dec_rows] = 0
         if not takes_part:
-            rows["enc_delta"][enc_row] = 0
-            rows["dec_delta"][dec_rows] = 0
-            return torch.zeros(LOSS_COLUMNS, dtype=torch.float64)
+            return torch.zeros(LOSS_COLUMNS, dtype=torch.float64), 0
+        # The memory store hands out the stored state itself, which training changes in place.
+        kept = to_host(state) if self.store.kind == "memory" else None
         losses = self.method.local_update(self._context(i, module, state))
         module.model.load_state_dict(state["model"])  # the federated track (a method may train others)
+        bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
+        if bad:
+            if kept is not None:
+                self.store.put(i, kept)  # a disk store still holds the round-start file
+            return losses, bad
         rows["enc_delta"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
         rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
         self.store.put(i, state)
-        return losses
+        return losses, 0
 
-    def _train_round(self, participants: list[int] | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def _train_round(
+        self, participants: list[int] | None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and non-finite
+        masks [N] (zero for other ranks' clients)."""
         rows = self._round_buffers()
         losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
+        bad = torch.zeros(len(self.specs), dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
         dec_start = 0
         bar = tqdm(self.mine, desc=f"round {self.round} clients", leave=False, disable=not self._bars)
         for enc_row, i in enumerate(bar):
             n_tasks = len(self.specs[i].tasks)
             dec_rows = slice(dec_start, dec_start + n_tasks)
-            losses[i] = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
+            losses[i], mask = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
+            bad[i] = mask
             dec_start += n_tasks
-        return rows, losses
+        return rows, losses, bad
+
+    def _drop_nonfinite(self, bad: torch.Tensor, participants: list[int] | None) -> list[int]:
+        """Apply the ``nonfinite`` policy to the clients whose update is not finite (``bad``:
+        every client's mask, the same on every rank); returns the dropped clients."""
+        dropped = [i for i in range(len(self.specs)) if int(bad[i])]
+        if not dropped:
+            return []
+        what = "; ".join(f"{self.specs[i].name} ({describe(int(bad[i]))})" for i in dropped)
+        trained = len(self.specs) if participants is None else len(participants)
+        if self.cfg.nonfinite == "stop" or len(dropped) == trained:
+            reason = "every client's" if len(dropped) == trained else "a client's"
+            raise RunStopped(
+                f"round {self.round}: {reason} update is not finite (NaN/inf): {what}. The run stops "
+                f"(nonfinite: {self.cfg.nonfinite}); the last checkpoint is kept. Lower the learning "
+                "rate of that client group (clients[].optimizer.lr)"
+                + ("" if self.cfg.nonfinite == "drop" else ", or set nonfinite: drop to skip such updates")
+            )
+        if self.fabric.global_rank == 0:
+            print(
+                f"warning: round {self.round}: dropped the non-finite update (NaN/inf) of {what}; "
+                "the client keeps its state from before the round (nonfinite: drop; counted in "
+                "metrics.csv as server/dropped_updates)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return dropped
 
     def _gather(self, local: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Every rank's rows in client order; ``local`` holds this rank's, ``counts[i]`` rows
@@ -236,7 +279,9 @@ class Simulation:
         ]
         padded = torch.zeros(max(per_rank), local.shape[1], device=local.device, dtype=local.dtype)
         padded[: len(local)] = local
-        gathered = self.fabric.all_gather(padded)  # [world, max rows, D]
+        with warnings.catch_warnings():  # Lightning calls a torch API that warns on every rank
+            warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+            gathered = self.fabric.all_gather(padded)  # [world, max rows, D]
         cursor = [0] * self.world
         out = []
         for count, rank in zip(counts, self.ranks, strict=True):
@@ -260,16 +305,34 @@ class Simulation:
             participants=None if participants is None else tuple(participants),
         )
 
-    def _write_back(self, encoders: torch.Tensor, decoders: torch.Tensor) -> None:
+    def _write_back(self, encoders: torch.Tensor, decoders: torch.Tensor, skip: list[int]) -> None:
         """Hand the server's new encoder / decoder rows to this rank's clients (the method's
-        ``receive``: into the model by default) and store them."""
+        ``receive``: into the model by default) and store them; ``skip``: clients whose update
+        was dropped keep their state."""
         for i in self.mine:
+            if i in skip:
+                continue
             module, state = self._materialise(i)
             first = self._first_decoder[i]
             rows = {task: decoders[first + j] for j, task in enumerate(self.specs[i].tasks)}
             self.method.receive(self._context(i, module, state), encoders[i], rows)
             state["model"] = to_host(module.model.state_dict())
             self.store.put(i, state)
+
+    def _check_output(self, output: Any) -> None:
+        """The server step must not create NaN/inf from finite updates (an overflow, a bug)."""
+        for what, stack, owner in (
+            ("encoder", output.encoders, [s.name for s in self.specs]),
+            ("decoder", output.decoders, [f"{self.specs[i].name}/{t}" for i, t in self.owners]),
+        ):
+            finite = torch.isfinite(stack).all(dim=1).cpu()
+            if not bool(finite.all()):
+                rows = [owner[k] for k in torch.nonzero(~finite).flatten().tolist()]
+                raise RunStopped(
+                    f"round {self.round}: {type(self.method).__name__}'s server step returned non-finite "
+                    f"{what} parameters for {', '.join(rows)} from finite client updates; the run stops "
+                    "and the last checkpoint is kept (a method option may be out of range)"
+                )
 
     def _finish_clients(self) -> None:
         """The method's work after the last aggregation (e.g. FedBABU's fine-tuning)."""
@@ -297,6 +360,10 @@ class Simulation:
             state = self.store.get(i)
             module = self._module(i)
             for label, model_state in self.method.evaluated_models(state).items():
+                present[self.labels.index(label)] += 1
+                if not all_finite(model_state.values()):  # NaN metrics, not numbers from NaN logits
+                    table[self.labels.index(label), i] = math.nan
+                    continue
                 module.model.load_state_dict(model_state)
                 module.eval()
                 loader = self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)
@@ -305,7 +372,6 @@ class Simulation:
                         module.validation_step(batch)
                 for task, value in module.compute_metrics().items():
                     table[self.labels.index(label), i, TASK_SLOTS[task]] = value
-                present[self.labels.index(label)] += 1
         table = self._sum_over_ranks(table).cpu()
         present = self._sum_over_ranks(present).cpu()
         return {
@@ -327,7 +393,9 @@ class Simulation:
 
     def _start(self) -> int:
         """Fill the store from the latest checkpoint (``resume``) or from scratch; the first round."""
-        folder = checkpoint.latest(self.run_dir) if self.cfg.resume else None
+        folder, note = checkpoint.resumable(self.run_dir) if self.cfg.resume else (None, None)
+        if note and self.fabric.global_rank == 0:
+            print(f"resume: {note}", file=sys.stderr)
         if folder is None:
             if self.cfg.resume and self.fabric.global_rank == 0:
                 print(f"resume: no checkpoint in {self.run_dir}, starting from round 1", file=sys.stderr)
@@ -368,18 +436,27 @@ class Simulation:
         timings: dict[str, float] = {}
         participants = self.method.participants(self.round)
         start = time.perf_counter()
-        rows, loss_table = self._train_round(participants)
+        rows, loss_table, bad = self._train_round(participants)
         timings["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        loss_table = self._sum_over_ranks(loss_table.to(self.fabric.device)).cpu()
+        table = torch.cat([loss_table, bad[:, None]], dim=1).to(self.fabric.device)
+        table = self._sum_over_ranks(table).cpu()
+        loss_table, bad = table[:, :-1], table[:, -1]
+        dropped = self._drop_nonfinite(bad, participants)
+        # A dropped client is a non-participant of the server step: its rows hold its
+        # round-start parameters and zero deltas (RoundInput.participants).
+        if dropped:
+            taking_part = range(len(self.specs)) if participants is None else participants
+            participants = [i for i in taking_part if i not in dropped]
         inputs = self._exchange(rows, participants)
         timings["exchange"] = time.perf_counter() - start
 
         start = time.perf_counter()
         output = self.method.aggregate(inputs)
         output.check_against(inputs)
-        self._write_back(output.encoders, output.decoders)
+        self._check_output(output)
+        self._write_back(output.encoders, output.decoders, skip=dropped)
         timings["aggregate"] = time.perf_counter() - start
         del rows, inputs, output
         if self.round == self.cfg.rounds:
@@ -398,6 +475,7 @@ class Simulation:
                 values[f"train/{spec.name}/penalty"] = float(loss_table[i, PENALTY_SLOT])
         if participants is not None:
             values["server/participants"] = float(len(participants))
+        values["server/dropped_updates"] = float(len(dropped))
         every = self.cfg.evaluation.every
         results = None
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
@@ -419,9 +497,31 @@ class Simulation:
         self.setup_layouts()
         first = self._start()
         is_zero = self.fabric.global_rank == 0
+        if first > cfg.rounds and self.history:  # a finished run: nothing to train or rewrite
+            if is_zero:
+                print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
+            self.store.clear()
+            return self.summary(self.history[-1]["metrics"], cfg.rounds)
         for logger in self.fabric.loggers:
             if isinstance(logger, CSVScalarLogger) and is_zero:
                 logger.truncate_after(first - 1)  # a resumed run redoes the rounds after its checkpoint
+        try:
+            return self._rounds(first)
+        except BaseException:
+            self._close_loggers("failed")  # a crash or Ctrl-C still closes the wandb run
+            raise
+
+    def _close_loggers(self, status: str) -> None:
+        for logger in self.fabric.loggers:
+            logger.finalize(status)
+            wandb = self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger"
+            # A failed run never starts a wandb run just to end it.
+            if wandb and (status == "success" or logger._experiment is not None):
+                logger.experiment.finish(exit_code=0 if status == "success" else 1)
+
+    def _rounds(self, first: int) -> dict[str, Any]:
+        cfg = self.cfg
+        is_zero = self.fabric.global_rank == 0
         rounds = tqdm(
             range(first, cfg.rounds + 1),
             desc="rounds",
@@ -437,8 +537,7 @@ class Simulation:
             if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
                 log_heatmaps(self.fabric.loggers, self.method.log_matrices(), self.round)
             if is_zero and not self._bars:
-                line = " ".join(f"{k[5:]}={v:.1f}s" for k, v in values.items() if k.startswith("time/"))
-                print(f"round {self.round}/{cfg.rounds} {line}", file=sys.stderr, flush=True)
+                print(progress_line(self.round, cfg.rounds, values), file=sys.stderr, flush=True)
             every = cfg.checkpoint_every
             if self.round == cfg.rounds or (every > 0 and self.round % every == 0):
                 self._checkpoint()
@@ -449,15 +548,16 @@ class Simulation:
         method reports (``evaluated``), those of any other model it evaluates
         (``also_evaluated``), and the server's values."""
 
+        def metric(label: str, client: str, task: str) -> float | None:
+            value = results.get(label, {}).get(client, {}).get(task, math.nan)
+            return None if math.isnan(value) else value  # JSON has no NaN: null
+
         def table(label: str) -> dict[str, Any]:
-            values = results.get(label, {})
             return {
                 s.name: {
                     "dataset": s.dataset,
                     "tasks": list(s.tasks),
-                    "metrics": {
-                        t: {get_task(t).metric_name: values.get(s.name, {}).get(t, math.nan)} for t in s.tasks
-                    },
+                    "metrics": {t: {get_task(t).metric_name: metric(label, s.name, t)} for t in s.tasks},
                 }
                 for s in self.specs
             }
@@ -471,6 +571,14 @@ class Simulation:
         }
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
+        # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
+        nonfinite = {
+            label: [c for c, tasks in results[label].items() if any(math.isnan(v) for v in tasks.values())]
+            for label in self.labels
+            if label in results
+        }
+        if any(nonfinite.values()):
+            summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
         return summary
 
     def _finish(self, results: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -480,12 +588,31 @@ class Simulation:
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(summary, indent=2))
             tmp.replace(path)
-        for logger in self.fabric.loggers:
-            logger.finalize("success")
-            if self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger":
-                logger.experiment.finish()  # flush the offline run before the process exits
+        self._close_loggers("success")  # flushes the offline wandb run before the process exits
         self.store.clear()  # the final checkpoint holds every client's state
         return summary
+
+
+def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
+    """One line per round for logs without a terminal (CI, nohup): each client's training
+    loss, the metrics of the evaluated model when it was evaluated, and the timings."""
+    parts = [f"round {round_}/{rounds}"]
+    losses = [
+        f"{k.split('/')[1]} {v:.4g}"
+        for k, v in values.items()
+        if k.startswith("train/") and k.endswith("/loss")
+    ]
+    if losses:
+        parts.append("loss: " + ", ".join(losses))
+    metrics = [f"{k[4:]} {v:.4g}" for k, v in values.items() if k.startswith("val/")]
+    if metrics:
+        parts.append("val: " + ", ".join(metrics))
+    if values.get("server/dropped_updates"):
+        parts.append(f"dropped updates: {int(values['server/dropped_updates'])}")
+    parts.append(
+        "time: " + ", ".join(f"{k[5:]} {v:.1f}s" for k, v in values.items() if k.startswith("time/"))
+    )
+    return " | ".join(parts)
 
 
 def _limit_threads(fabric: L.Fabric, cfg: RunConfig) -> None:
@@ -523,7 +650,9 @@ def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, 
 
 def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str, Any] | None:
     """Evaluate every client of a run's latest checkpoint on its validation split."""
-    folder = checkpoint.latest(cfg.run_dir)
+    folder, note = checkpoint.resumable(cfg.run_dir)
+    if note:
+        print(f"validate: {note}", file=sys.stderr)
     if folder is None:
         raise FileNotFoundError(
             f"no checkpoint in {Path(cfg.run_dir) / 'checkpoints'}: run `fedmtl fit` first"

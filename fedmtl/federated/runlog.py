@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
@@ -106,19 +107,49 @@ def log_heatmaps(
             logger.log_image(key=f"server/{name}_heatmap", images=[image], step=step)
 
 
+def _has_wandb_account() -> bool:
+    """An API key in the environment or in ~/.netrc (where ``wandb login`` puts it)."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> list[Logger]:
+    """metrics.csv, and wandb unless switched off. ``mode: online`` without a wandb account
+    logs offline instead (one warning line; ``wandb sync RUN_DIR/wandb/offline-run-*`` later).
+    Every resume of a run logs to the same wandb run (its id is in ``RUN_DIR/wandb_run_id``)."""
     loggers: list[Logger] = [CSVScalarLogger(run_dir / "metrics.csv")]
     if cfg.wandb and cfg.mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        loggers.append(
-            WandbLogger(
-                project=cfg.project,
-                name=cfg.name or run_dir.resolve().name,
-                save_dir=str(run_dir),
-                offline=cfg.mode == "offline",
-                config=config,
-            )
+        offline = cfg.mode == "offline"
+        if not offline and not _has_wandb_account():
+            offline = True
+            if rank_zero_only.rank == 0:
+                print(
+                    "warning: logger.mode online but no wandb account here (WANDB_API_KEY or `wandb login`): "
+                    f"logging offline to {run_dir / 'wandb'}; sync it later with `wandb sync`",
+                    file=sys.stderr,
+                )
+        id_file = run_dir / "wandb_run_id"
+        logger = WandbLogger(
+            project=cfg.project,
+            name=cfg.name or run_dir.resolve().name,
+            save_dir=str(run_dir),
+            offline=offline,
+            id=id_file.read_text().strip() if id_file.is_file() else None,
+            config=config,
         )
+        # Lightning passes anonymous=None to wandb.init, which warns that the setting is
+        # deprecated on every run; leaving it out means the same to wandb.
+        logger._wandb_init.pop("anonymous", None)
+        loggers.append(logger)
     return loggers

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fedmtl.config import RunConfig
-from fedmtl.data.datasets import DATASETS
+from fedmtl.data.datasets import DATASETS, one_line
 from fedmtl.data.layout import read_split
 from fedmtl.data.partition import partition_clients
 from fedmtl.federated.client import ClientSpec
 from fedmtl.tasks import check_tasks
 
 
-def train_split_size(dataset: str, data_root: str) -> int:
+def synth_command(cfg: RunConfig, dataset: str) -> str:
+    """The command that writes the synthetic data this config would read for ``dataset``."""
     spec = DATASETS.get(dataset)
-    split_file = spec.split_file(data_root, "train")
+    folder = Path(cfg.data.resolved_root()) / spec.root_folder
+    command = f"fedmtl data synth --dataset {dataset} --root {folder}"
+    synth = (cfg.data.synth or {}).get(dataset)
+    if synth is not None:
+        command += f" --num_train {synth.num_train} --num_val {synth.num_val} --seed {synth.seed}"
+        command += f" --size [{synth.size[0]},{synth.size[1]}]"
+    return command
+
+
+def train_split_size(cfg: RunConfig, dataset: str) -> int:
+    spec = DATASETS.get(dataset)
+    split_file = spec.split_file(cfg.data.resolved_root(), "train")
     if not split_file.is_file():
         raise FileNotFoundError(
-            f"{dataset} training split not found: {split_file}\nExpected layout:\n{spec.dataset_class.tree}\n"
-            f"Point data.root (or $FEDMTL_DATA) at the folder holding {spec.root_folder}/, "
-            f"or run `make demo` / `fedmtl data synth --dataset {dataset} --root DIR` for synthetic data."
+            f"{dataset} training split not found: {split_file}. Point data.root (or $FEDMTL_DATA) at the "
+            f"folder holding {spec.root_folder}/, or write synthetic data there: {synth_command(cfg, dataset)} "
+            f"(expected layout: {one_line(spec.dataset_class.tree)})"
         )
     return len(read_split(split_file))
 
@@ -59,8 +73,7 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
     for i, name in enumerate(names):  # two groups may produce the same name
         if names.count(name) > 1:
             names[i] = f"{name}-g{entries[i][3]}"
-    root = cfg.data.resolved_root()
-    sizes = {d: train_split_size(d, root) for d in {e[1] for e in entries}}
+    sizes = {d: train_split_size(cfg, d) for d in sorted({e[1] for e in entries})}
     parts = partition_clients(
         [e[1] for e in entries],
         sizes,

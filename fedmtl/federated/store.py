@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,35 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 
 
 def safe_load(path: str | Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Read a file :func:`atomic_save` wrote; a missing, truncated, corrupt or foreign file is
+    one line naming it (FileNotFoundError / ValueError), never torch's multi-line traceback."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; resume from another checkpoint or start a new run")
+    try:
+        with warnings.catch_warnings():  # e.g. torch's note on pickle protocols: the error says enough
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises anything from EOFError to UnpicklingError on a bad file
+        with open(path, "rb") as f:
+            head = f.read(1024)
+        try:
+            is_text = bool(head) and b"\0" not in head and bool(head.decode("utf-8"))
+        except UnicodeDecodeError:
+            is_text = False
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        # torch's weights-only refusal is six lines of advice; its reason follows this marker
+        marker = [i + 1 for i, line in enumerate(lines[:-1]) if line.endswith("WeightsUnpickler error:")]
+        empty = "it ends early" if isinstance(err, EOFError) else type(err).__name__
+        reason = lines[marker[0] if marker else 0] if lines else empty
+        problem = (
+            "is a text file, not a PyTorch checkpoint"
+            if is_text
+            else f"is corrupt, truncated or not a PyTorch checkpoint ({reason[:160]})"
+        )
+        raise ValueError(
+            f"{path} {problem}; it cannot be loaded — resume from another checkpoint or start a new run"
+        ) from err
 
 
 class ClientStore:

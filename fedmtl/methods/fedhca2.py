@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -134,18 +135,34 @@ class FedHCA2(Method):
             "cross_attention": self._decoders_cross_attention,
         }
         if encoder not in encoders:
-            raise ValueError(f"encoder must be one of {sorted(encoders)}, got {encoder!r}")
+            raise ValueError(f"algorithm.encoder must be one of {sorted(encoders)}, got {encoder!r}")
         if decoder not in decoders:
-            raise ValueError(f"decoder must be one of {sorted(decoders)}, got {decoder!r}")
+            raise ValueError(f"algorithm.decoder must be one of {sorted(decoders)}, got {decoder!r}")
+        # `not (low <= x ...)` rather than `x < low`: NaN fails every comparison and must be rejected.
         if not 0 <= c < 1:
-            raise ValueError(f"c must be in [0, 1), got {c!r}")
-        for name, value in [
-            ("hyper_lr", hyper_lr),
-            ("hyper_momentum", hyper_momentum),
-            ("hyper_weight_decay", hyper_weight_decay),
-        ]:
-            if not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+            raise ValueError(
+                f"algorithm.c must be in [0, 1) (the conflict-averse radius), got {c!r}; the paper uses 0.4"
+            )
+        for name, value in [("alpha_init", alpha_init), ("beta_init", beta_init)]:
+            if not 0 <= value <= 1:
+                raise ValueError(
+                    f"algorithm.{name} must be in [0, 1], got {value!r}: the hyper weight is applied as "
+                    "clamp(w, 0, 1) and its gradient is passed only strictly inside (0, 1), so from outside "
+                    "it would never learn; the paper uses 0.1"
+                )
+        if not (math.isfinite(hyper_lr) and hyper_lr > 0):
+            raise ValueError(
+                f"algorithm.hyper_lr (the SGD learning rate of the hyper weights) must be > 0, "
+                f"got {hyper_lr!r}; the paper uses 0.01"
+            )
+        if not 0 <= hyper_momentum < 1:
+            raise ValueError(
+                f"algorithm.hyper_momentum must be in [0, 1), got {hyper_momentum!r}; the paper uses 0.9"
+            )
+        if not (math.isfinite(hyper_weight_decay) and hyper_weight_decay >= 0):
+            raise ValueError(
+                f"algorithm.hyper_weight_decay must be >= 0, got {hyper_weight_decay!r}; the paper uses 1e-4"
+            )
         self.c = float(c)
         self.rescale = bool(rescale)
         self.alpha_init = float(alpha_init)

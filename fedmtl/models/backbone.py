@@ -1,13 +1,17 @@
 """Encoders: any timm model as a 4-scale feature extractor (strides 4, 8, 16, 32).
 
 The paper uses ImageNet-pretrained Swin-T/S/B; ``PAPER_BACKBONES`` maps its short names to
-timm's. Nothing can be downloaded here, so pretrained weights come from a local file
-(timm's ``pretrained_cfg_overlay=dict(file=...)``): a ``.pth``/``.bin``/``.safetensors``
-state dict of the timm model.
+timm's. Nothing can be downloaded here, so pretrained weights come from a local file: a
+``.pth``/``.pt``/``.bin`` (``torch.save``) or ``.safetensors`` state dict of the timm model,
+read and matched here (:func:`read_state_dict`, :func:`load_pretrained`), never by timm, so a
+wrong file is one clear error instead of a silent random init.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import timm
@@ -21,6 +25,12 @@ PAPER_BACKBONES = {
 }
 # Small enough to train a handful of clients on a laptop CPU in minutes.
 DEFAULT_BACKBONE = "regnetx_002"
+
+_SAVE_HINT = "save the weights with torch.save(model.state_dict(), PATH) or safetensors.torch.save_file"
+# Tensors read from weights files, by (path, mtime, size): the engine builds a model per client.
+_FILES: dict[tuple[str, int, int], dict[str, torch.Tensor]] = {}
+_REPORTED: set[tuple[tuple[str, int, int], str]] = set()  # (file, backbone) whose load line was printed
+_CLASSIFIER_KEYS: dict[tuple[str, str], frozenset[str]] = {}
 
 
 class Encoder(nn.Module):
@@ -45,12 +55,14 @@ def create_encoder(
     name: str = DEFAULT_BACKBONE,
     pretrained_file: str | Path | None = None,
     img_size: tuple[int, int] | None = None,
+    pretrained_strict: bool = True,
     **timm_kwargs,
 ) -> Encoder:
     """Build the encoder of a client model.
 
     ``name`` is a timm model name or one of ``PAPER_BACKBONES``; ``img_size`` is passed to
     models that fix their input size at construction (Swin), e.g. (512, 512) or (448, 576).
+    ``pretrained_file`` and ``pretrained_strict``: see :func:`load_pretrained`.
     """
     timm_name = PAPER_BACKBONES.get(name, name)
     if not timm.is_model(timm_name):
@@ -69,12 +81,209 @@ def create_encoder(
                 f"run time: save the timm state dict of {timm_name!r} to a local file and pass its path, "
                 f"or set pretrained_file to null to start from random weights."
             )
-        kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
-    body = timm.create_model(timm_name, features_only=True, out_indices=(-4, -3, -2, -1), **kwargs)
+    body = timm.create_model(
+        timm_name, pretrained=False, features_only=True, out_indices=(-4, -3, -2, -1), **kwargs
+    )
     encoder = Encoder(body)
     if encoder.reductions != [4, 8, 16, 32]:
         raise ValueError(
             f"backbone {name!r} gives features at strides {encoder.reductions}; the FCN decoders need "
             f"strides [4, 8, 16, 32] (most timm CNNs and Swin do)"
         )
+    if pretrained_file is not None:
+        load_pretrained(
+            body, pretrained_file, timm_name, _classifier_keys(timm_name, kwargs), pretrained_strict
+        )
     return encoder
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, read once per process (cached by path and mtime).
+
+    Takes a plain state dict or one wrapped under ``"state_dict"`` or ``"model"`` (training
+    checkpoints), drops a ``module.`` prefix (DataParallel/DDP); anything else is a ValueError.
+    The cached tensors are only ever copied into models, never handed out to be trained.
+    """
+    path = Path(path).expanduser().resolve()
+    key = _file_key(path)
+    if key not in _FILES:
+        tensors = _state_dict_of(_read(path), path)
+        _FILES.clear()  # one file per run; do not hold a second copy of the weights
+        _FILES[key] = tensors
+    return _FILES[key]
+
+
+def _read(path: Path) -> object:
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors import SafetensorError
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ValueError(
+                f"pretrained weights file {path} is a .safetensors file but the safetensors package is "
+                f"not installed: pip install safetensors, or save the weights with torch.save"
+            ) from None
+        try:
+            return load_file(path, device="cpu")
+        except SafetensorError as err:
+            raise ValueError(_not_a_state_dict(path, f"safetensors cannot read it: {err}")) from err
+    try:
+        with warnings.catch_warnings():  # e.g. torch's note on pickle protocols: the error says enough
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises anything from EOFError to UnpicklingError on a bad file
+        what = (
+            "it looks like text (YAML/JSON?)"
+            if _looks_like_text(path)
+            else f"torch cannot read it: {_reason(err)}"
+        )
+        raise ValueError(_not_a_state_dict(path, what)) from err
+
+
+def _state_dict_of(obj: object, path: Path) -> dict[str, torch.Tensor]:
+    def is_state_dict(x: object) -> bool:
+        return isinstance(x, Mapping) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in x.items())
+
+    if isinstance(obj, Mapping) and not is_state_dict(obj):
+        obj = next((obj[k] for k in ("state_dict", "model") if is_state_dict(obj.get(k))), obj)
+    if not isinstance(obj, Mapping):
+        raise ValueError(_not_a_state_dict(path, f"it holds a {type(obj).__name__}, not a dict of tensors"))
+    if not is_state_dict(obj):
+        bad = next(k for k, v in obj.items() if not (isinstance(k, str) and torch.is_tensor(v)))
+        raise ValueError(
+            _not_a_state_dict(
+                path,
+                f"it holds a dict whose entry {bad!r} is a {type(obj[bad]).__name__}, not a tensor, and no "
+                f"state dict under 'state_dict' or 'model'",
+            )
+        )
+    if not obj:
+        raise ValueError(_not_a_state_dict(path, "it holds an empty dict"))
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def _not_a_state_dict(path: Path, what: str) -> str:
+    return f"pretrained weights file {path} is not a PyTorch/safetensors state dict ({what}); {_SAVE_HINT}"
+
+
+def _looks_like_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(1024)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return bool(head) and b"\0" not in head
+
+
+def _reason(err: Exception) -> str:
+    """One line from torch.load's error (its weights-only message is six lines of advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.endswith("WeightsUnpickler error:"):
+            return lines[i + 1]
+    text = (
+        lines[0] if lines else {"EOFError": "the file ends early"}.get(type(err).__name__, type(err).__name__)
+    )
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _classifier_keys(timm_name: str, kwargs: dict) -> frozenset[str]:
+    """State-dict names of the full timm model (with its classifier), to tell the parts a
+    ``features_only`` body drops (``head.fc``, Swin's final ``norm``) from foreign tensors.
+    Built on the meta device: names and no memory."""
+    key = (timm_name, repr(sorted(kwargs.items())))
+    if key not in _CLASSIFIER_KEYS:
+        try:
+            with torch.device("meta"):
+                model = timm.create_model(timm_name, pretrained=False, **kwargs)
+        except Exception:  # a model whose constructor needs real tensors (e.g. calls .tolist())
+            model = timm.create_model(timm_name, pretrained=False, **kwargs)
+        _CLASSIFIER_KEYS[key] = frozenset(model.state_dict())
+    return _CLASSIFIER_KEYS[key]
+
+
+def load_pretrained(
+    body: nn.Module,
+    path: str | Path,
+    backbone: str,
+    model_keys: frozenset[str] = frozenset(),
+    strict: bool = True,
+) -> None:
+    """Copy the tensors of weights file ``path`` into the ``features_only`` ``body``.
+
+    The file is the state dict of timm's classification model ``backbone`` or of the body
+    itself: the two name a tensor the same way up to ``.`` vs ``_`` (timm's feature wrapper
+    flattens Swin's ``layers.0`` into ``layers_0``). Tensors only the full model has
+    (``model_keys`` minus the body: classifier, final norm) are expected and ignored.
+    ``strict``: every body tensor must be in the file with its shape, else ValueError.
+    Not ``strict``: the tensors that match are loaded and one line on stderr says how many.
+    Either way a file of which nothing matches is a ValueError.
+    """
+    path = Path(path).expanduser().resolve()
+    tensors = read_state_dict(path)
+    own = body.state_dict()
+
+    def canonical(name: str) -> str:
+        return name.replace(".", "_")
+
+    by_name = {canonical(k): k for k in own}
+    if len(by_name) != len(own):  # two body names differ only by "." vs "_": match exact names only
+        by_name, canonical = {k: k for k in own}, str
+    ignored = {canonical(k) for k in model_keys} - by_name.keys()
+    matched: dict[str, torch.Tensor] = {}
+    unexpected, mismatched = [], []
+    for name, tensor in tensors.items():
+        target = by_name.get(canonical(name))
+        if target is None:
+            if canonical(name) not in ignored:
+                unexpected.append(name)
+        elif tensor.shape != own[target].shape:
+            mismatched.append((target, f"{name} {tuple(tensor.shape)} vs {tuple(own[target].shape)}"))
+        else:
+            matched[target] = tensor
+    shape_names = {target for target, _ in mismatched}
+    # BatchNorm's step counter is not a weight: files converted from elsewhere often lack it.
+    missing = [
+        k for k in own if k not in matched and k not in shape_names and not k.endswith("num_batches_tracked")
+    ]
+    total = len(matched) + len(missing) + len(mismatched)
+    counts = f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} shape mismatches"
+    if not matched:
+        raise ValueError(
+            f"pretrained weights file {path}: none of its {len(tensors)} tensors fits backbone {backbone!r} "
+            f"(it has e.g. {_examples(list(tensors))}; the backbone has e.g. {_examples(list(own))}); it holds "
+            f"another model's weights: pass the state dict of timm's {backbone!r}, or set pretrained_file to null"
+        )
+    if strict and (missing or mismatched):
+        details = "; ".join(
+            f"{label}: {_examples(names)}"
+            for label, names in (
+                ("missing", missing),
+                ("shape mismatches", [text for _, text in mismatched]),
+                ("unexpected", unexpected),
+            )
+            if names
+        )
+        raise ValueError(
+            f"pretrained weights file {path} does not fit backbone {backbone!r}: {len(matched)} of {total} "
+            f"tensors match ({counts}; {details}). Pass the state dict of timm's {backbone!r}, or set "
+            f"model.pretrained_strict: false to load only the matching tensors"
+        )
+    body.load_state_dict(matched, strict=False)  # what is not in `matched` was counted above
+    report = (_file_key(path), backbone)
+    if not strict and report not in _REPORTED:
+        _REPORTED.add(report)
+        print(
+            f"pretrained weights: loaded {len(matched)} of {total} tensors of {backbone} from {path} ({counts})",
+            file=sys.stderr,
+        )
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return (str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def _examples(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

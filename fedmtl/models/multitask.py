@@ -30,6 +30,8 @@ class MultiTaskModel(nn.Module):
         img_size: input size for backbones that need it at construction (Swin).
         embed_dim: decoder width; default the encoder's first-scale channels (96 for Swin-T),
             as the paper sets it.
+        pretrained_strict: every encoder tensor must be in ``pretrained_file`` (else an error);
+            False loads the tensors that match and reports how many.
     """
 
     def __init__(
@@ -40,11 +42,14 @@ class MultiTaskModel(nn.Module):
         pretrained_file: str | Path | None = None,
         img_size: tuple[int, int] | None = None,
         embed_dim: int | None = None,
+        pretrained_strict: bool = True,
     ) -> None:
         super().__init__()
         self.dataset = dataset
         self.tasks = check_tasks(dataset, list(tasks))
-        self.encoder = create_encoder(backbone, pretrained_file=pretrained_file, img_size=img_size)
+        self.encoder = create_encoder(
+            backbone, pretrained_file=pretrained_file, img_size=img_size, pretrained_strict=pretrained_strict
+        )
         embed_dim = embed_dim or self.encoder.channels[0]
         self.decoders = nn.ModuleDict({t: FCNDecoder(self.encoder.channels, embed_dim) for t in self.tasks})
         self.heads = nn.ModuleDict({t: Head(embed_dim, get_task(t).channels(dataset)) for t in self.tasks})

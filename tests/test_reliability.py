@@ -212,6 +212,23 @@ def test_a_dropped_client_does_not_enter_the_average(tmp_path, data_root):
     )
 
 
+def test_two_processes_drop_the_same_client_as_one(tmp_path, data_root):
+    """The masks travel between ranks with the losses: the diverging client trains on one rank
+    and the PASCAL clients on the other, both ranks drop it (else the all-gathered average
+    would differ between them), the warning is printed once, and the results equal a
+    one-process run's."""
+    import subprocess
+    import sys
+
+    config = _diverging(tmp_path, data_root, rounds=1, algorithm={"class_path": "FedAvg"})
+    one = fit(config, tmp_path / "one")
+    command = [sys.executable, "-m", "fedmtl", *_fit_args(config, tmp_path / "two", "--devices", "2")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("dropped the non-finite update (NaN/inf) of nyud-semseg+depth") == 1
+    assert read_results(tmp_path / "two") == one
+
+
 def test_nonfinite_stop_ends_the_run_with_one_line_naming_the_client(tmp_path, data_root, capsys):
     config = _diverging(tmp_path, data_root, rounds=2, algorithm={"class_path": "FedAvg"})
     capsys.readouterr()

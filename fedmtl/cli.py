@@ -3,14 +3,16 @@
     fedmtl fit --config configs/demo.yaml                    # train; RUN_DIR/results.json at the end
     fedmtl fit --config configs/scenario1.yaml --devices 2 --run_dir runs/s1
     fedmtl fit --config configs/demo.yaml --resume true      # continue from the latest checkpoint
+    fedmtl fit --config configs/demo.yaml --overwrite true   # replace the run already in run_dir
     fedmtl fit --config configs/demo.yaml --print_config     # the full resolved config
     fedmtl validate --run_dir runs/demo                      # evaluate a run's latest checkpoint
     fedmtl data synth --dataset nyud --root data/NYUDv2      # a synthetic dataset in the real layout
 
 Every field of the scenario config (``fedmtl.config.RunConfig``) can be set in the YAML file
 or on the command line (``--rounds 3``, ``--evaluation.every 2``, ``--algorithm FedAvg``).
-A bad config names the field and what is wrong; an error a user can fix (a missing dataset)
-prints one ``error:`` line; both exit non-zero.
+Every bad input (a config value, a missing or corrupt file, an impossible machine setting, a
+run directory that already holds a run) prints one ``error:`` line naming it and the fix and
+exits non-zero, before anything is written (``fedmtl.federated.preflight``, ``rundir``).
 """
 
 from __future__ import annotations

@@ -160,6 +160,27 @@ def hand_clients():
     ]
 
 
+def round_from_trained(
+    clients, layout, encoders, encoder_deltas, decoders, decoder_deltas, participants=None
+):
+    """A round-1 :class:`~fedmtl.aggregation.RoundInput` whose trained rows are ``encoders`` /
+    ``decoders`` (same layout for both), given with their deltas: prev = trained − Δ."""
+    from fedmtl.aggregation import RoundInput, decoder_owners_of
+
+    return RoundInput(
+        round=1,
+        clients=clients,
+        encoder_layout=layout,
+        encoders_prev=encoders - encoder_deltas,
+        encoder_deltas=encoder_deltas,
+        decoder_layout=layout,
+        decoder_owners=decoder_owners_of(clients),
+        decoders_prev=decoders - decoder_deltas,
+        decoder_deltas=decoder_deltas,
+        participants=participants,
+    )
+
+
 def hand_round(round_: int = 1, participants: tuple[int, ...] | None = None):
     """The §3.2 hand case as a server's :class:`~fedmtl.aggregation.RoundInput`."""
     import torch

@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owners_of
+from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput
 from fedmtl.aggregation.functional import fedamp_weights, gram_matrix, heuristic_fedamp_weights
 from fedmtl.methods import ClientContext, create_method
 from fedmtl.methods.base import Penalty
 from fedmtl.methods.fedamp import FedAMP
-from tests.helpers import client_states, fit_each, read_results
+from tests.helpers import client_states, fit_each, read_results, round_from_trained
 
 ROUNDS = 2
 ATOL = 5e-7  # the hand values of §3.6 are given to 6 decimals
@@ -184,18 +184,7 @@ DECODERS = [[0, 0], [1, 0], [0, 2], [6, 6]]
 def _round(participants: tuple[int, ...] | None = None) -> RoundInput:
     encoders, decoders = _w(ENCODERS), _w(DECODERS)
     enc_offset, dec_offset = torch.full_like(encoders, 0.25), torch.full_like(decoders, -0.5)
-    return RoundInput(
-        round=1,
-        clients=CLIENTS,
-        encoder_layout=LAYOUT,
-        encoders_prev=encoders - enc_offset,
-        encoder_deltas=enc_offset,
-        decoder_layout=LAYOUT,
-        decoder_owners=decoder_owners_of(CLIENTS),
-        decoders_prev=decoders - dec_offset,
-        decoder_deltas=dec_offset,
-        participants=participants,
-    )
+    return round_from_trained(CLIENTS, LAYOUT, encoders, enc_offset, decoders, dec_offset, participants)
 
 
 def test_aggregate_gives_every_encoder_and_every_decoder_its_own_cloud():
@@ -263,6 +252,15 @@ class _Toy(nn.Module):
         self.encoder = nn.Linear(3, 2)
         self.decoders = nn.ModuleDict({t: nn.Linear(2, 2) for t in tasks})
         self.heads = nn.ModuleDict({t: nn.Linear(2, 3) for t in tasks})
+
+
+def _case_e_model() -> nn.Module:
+    """BASELINES §3.6 case (e): encoder (1, 2), semseg decoder (0.5, −1) and a head (9)."""
+    model = nn.Module()
+    model.encoder = _Vec([1.0, 2.0])
+    model.decoders = nn.ModuleDict({"semseg": _Vec([0.5, -1.0])})
+    model.heads = nn.ModuleDict({"semseg": _Vec([9.0])})
+    return model
 
 
 def _context(model: nn.Module, personal: dict | None = None) -> ClientContext:
@@ -413,10 +411,7 @@ def test_hand_case_e_proximal_term_and_its_gradient():
     assert term.item() == 2.5
     assert torch.equal(w.grad, torch.tensor([1.0, 2.0]))
 
-    model = nn.Module()
-    model.encoder = _Vec([1.0, 2.0])
-    model.decoders = nn.ModuleDict({"semseg": _Vec([0.5, -1.0])})
-    model.heads = nn.ModuleDict({"semseg": _Vec([9.0])})
+    model = _case_e_model()
     ctx = _context(model)
     method = FedAMP(lam=1.0, alpha_k=1.0)
     method.receive(ctx, torch.zeros(2), {"semseg": torch.tensor([0.5, -1.0])})
@@ -430,9 +425,7 @@ def test_hand_case_e_proximal_term_and_its_gradient():
 
 def test_penalty_coefficient_is_lambda_over_alpha_k():
     """λ=3, α_k=2 on case (e): 1.5/2·5 = 3.75, gradient 1.5·(1, 2) = (1.5, 3)."""
-    model = nn.Module()
-    model.encoder = _Vec([1.0, 2.0])
-    model.decoders = nn.ModuleDict({"semseg": _Vec([0.5, -1.0])})
+    model = _case_e_model()
     ctx = _context(model)
     method = FedAMP(lam=3.0, alpha_k=2.0)
     method.receive(ctx, torch.zeros(2), {"semseg": torch.tensor([0.5, -1.0])})

@@ -14,7 +14,7 @@ from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owner
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.matfl import MaTFL
-from tests.helpers import TINY_CLIENTS, client_states, fit, tiny_config
+from tests.helpers import TINY_CLIENTS, client_states, fit, round_from_trained, tiny_config
 
 # Four clients, mixed task sets (K = 5 decoders, across three tasks).
 CLIENTS = [
@@ -46,18 +46,7 @@ def _round(
             for k, (owner, _) in enumerate(decoder_owners_of(clients)):
                 if owner == i:
                     dec_deltas[k] = 0
-    return RoundInput(
-        round=1,
-        clients=clients,
-        encoder_layout=LAYOUT,
-        encoders_prev=enc - enc_deltas,
-        encoder_deltas=enc_deltas,
-        decoder_layout=LAYOUT,
-        decoder_owners=decoder_owners_of(clients),
-        decoders_prev=dec - dec_deltas,
-        decoder_deltas=dec_deltas,
-        participants=participants,
-    )
+    return round_from_trained(clients, LAYOUT, enc, enc_deltas, dec, dec_deltas, participants)
 
 
 def _trained(inputs: RoundInput) -> tuple[torch.Tensor, torch.Tensor]:

@@ -413,6 +413,9 @@ def test_config_changes_ignore_where_the_run_executes():
         (["--rounds", "abc"], "Parser key \"rounds\": Expected a <class 'int'>. Got value: abc"),
         (["--algorithm", "Nope"], "no method named 'Nope'; known methods: Ditto, FedAMP"),
         (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
+        (["--nonfinite", "maybe"], 'Parser key "nonfinite": Expected a typing.Literal'),
+        (["--overwrite", "sure"], "Parser key \"overwrite\": Expected a <class 'bool'>"),
+        (["--model.pretrained_strict", "2"], 'Parser key "model.pretrained_strict": Expected a <class'),
     ],
 )
 def test_a_parser_error_is_one_line_without_a_usage_dump(tmp_path, data_root, capsys, extra, expected):

@@ -25,8 +25,13 @@ POOLS = ("encoder", "decoders", "heads", "personal state")
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every floating-point tensor holds only finite numbers."""
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    """Whether every floating-point tensor holds only finite numbers. One host sync for all of
+    them (per device), not one per tensor: this runs for every client every round."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.is_floating_point():
+            flags.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(found).all()) for found in flags.values())
 
 
 def tensors_in(tree: Any) -> Iterable[torch.Tensor]:

@@ -12,6 +12,7 @@ from fedmtl.aggregation.base import (
     RoundOutput,
     decoder_owners_of,
 )
+from fedmtl.aggregation.feddea import feddea_k, feddea_mask
 from fedmtl.aggregation.flat import FlatLayout, parameter_layers
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
@@ -44,6 +45,8 @@ __all__ = [
     "cross_attention_update_flat",
     "decoder_owners_of",
     "fedamp_weights",
+    "feddea_k",
+    "feddea_mask",
     "gram_matrix",
     "group_means",
     "group_means_to",

@@ -48,6 +48,25 @@ def fit(config: Path, run_dir: Path, *extra: str) -> dict:
     return read_results(run_dir)
 
 
+def fit_in_processes(config: Path, run_dir: Path, devices: int = 2) -> dict:
+    """``fedmtl fit --devices N`` in a subprocess (Fabric launches N CPU processes); returns
+    results.json."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "fedmtl", "fit", "--config", str(config), "--run_dir", str(run_dir)]
+    done = subprocess.run(
+        [*command, "--devices", str(devices)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return read_results(run_dir)
+
+
 def fit_refused(config: Path, run_dir: Path, capsys, *extra: str) -> list[str]:
     """``fedmtl fit`` that must be refused: asserts a non-zero exit and an empty or absent
     ``run_dir``; returns the non-blank lines it wrote to stderr."""

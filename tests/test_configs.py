@@ -61,3 +61,38 @@ def test_the_ablation_is_one_more_config_file(ablation, schemes):
     algorithm = parser.instantiate(cfg).algorithm
     assert (algorithm.encoder, algorithm.decoder) == schemes
     assert algorithm.c == 0.4 and cfg.rounds == 100
+
+
+@pytest.mark.parametrize(
+    "name, dataset, tasks",
+    [
+        ("feddea/nyud.yaml", "nyud", 4),
+        ("feddea/pascal.yaml", "pascal_context", 5),
+        ("feddea/demo.yaml", "pascal_context", 5),
+    ],
+)
+def test_feddea_unified_configs_give_one_task_per_client_and_share_decoders_and_heads(name, dataset, tasks):
+    cfg = _load(name)
+    ((group,),) = [cfg.clients]
+    assert (group.dataset, group.single_task, len(group.tasks), group.replicas) == (dataset, True, tasks, 1)
+    algorithm = cfg.algorithm
+    assert type(algorithm).__name__ == "FedDEA" and algorithm.rho == 0.25 and algorithm.scope == "unit"
+    host = algorithm.host
+    assert type(host).__name__ == "FedAvg" and algorithm.shares_heads
+    assert (host.encoder_scope, host.decoder_scope, host.head_scope) == ("all", "same_task", "same_task")
+
+
+def test_feddea_demo_reads_the_demo_data():
+    demo, unified = _load("demo.yaml"), _load("feddea/demo.yaml")
+    assert unified.data.root == demo.data.root and unified.data.synth == demo.data.synth
+
+
+@pytest.mark.parametrize("name, method", [("feddea.yaml", "FedDEA"), ("fedopt.yaml", "FedOpt")])
+def test_method_fragments_of_feddea_and_fedopt(name, method):
+    parser = _run_parser()
+    cfg = parser.instantiate(
+        parser.parse_args(
+            ["--config", str(CONFIGS / "scenario1.yaml"), "--config", str(CONFIGS / "methods" / name)]
+        )
+    )
+    assert type(cfg.algorithm).__name__ == method and not cfg.algorithm.shares_heads

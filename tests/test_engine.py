@@ -5,9 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ import torch
 
 from fedmtl.cli import main
 from fedmtl.federated import checkpoint
-from tests.helpers import client_states, fit_killed_in_round, tiny_config
+from tests.helpers import client_states, fit_in_processes, fit_killed_in_round, tiny_config
 
 
 def _config(tmp_path: Path, data_root: Path, **changes) -> Path:
@@ -138,20 +135,7 @@ def test_two_cpu_processes_give_the_results_of_one(tmp_path, data_root):
     computes depends on the rank it trains on."""
     config = _config(tmp_path, data_root, algorithm={"class_path": "FedHCA2"}, rounds=2, cpu_threads=1)
     one = _fit(config, tmp_path / "one")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "fedmtl",
-        "fit",
-        "--config",
-        str(config),
-        "--run_dir",
-        str(tmp_path / "two"),
-    ]
-    done = subprocess.run([*command, "--devices", "2"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    two = fit_in_processes(config, tmp_path / "two")
     assert two == one
 
 

@@ -322,3 +322,80 @@ def test_mismatched_tensors_and_state_are_refused():
         fedopt_step("adam", x, x, {"m": torch.zeros(3)})
     with pytest.raises(ValueError, match=r"state\['v'\] must match params"):
         fedopt_step("yogi", x, x, {"m": torch.zeros(3), "v": torch.zeros(5)})
+
+
+# ---------------------------------------------------------------------------- the FedOpt method
+
+
+def _method_round(round_: int = 1, participants=None):
+    """Three clients (two semseg, one depth) with shared heads, random float32 rows."""
+    from tests.test_feddea import _random_round
+
+    return _random_round(round_, participants, heads=True)
+
+
+@pytest.mark.parametrize(
+    "scopes",
+    [
+        {},
+        {"decoder_scope": "same_task", "head_scope": "same_task", "weighted": True},
+        {"encoder_scope": "same_task", "decoder_scope": "none"},
+    ],
+)
+def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg_bit_for_bit(scopes):
+    from fedmtl.methods import FedAvg
+    from fedmtl.methods.fedopt import FedOpt
+
+    fedopt = FedOpt(server_optimizer="sgd", server_lr=1.0, beta1=0.0, **scopes)
+    fedavg = FedAvg(**scopes)
+    for round_, participants in [(1, None), (2, (1, 2)), (3, (0,))]:
+        inputs = _method_round(round_, participants)
+        a, b = fedopt.aggregate(inputs), fedavg.aggregate(inputs)
+        assert torch.equal(a.encoders, b.encoders) and torch.equal(a.decoders, b.decoders)
+        assert (a.heads is None) == (b.heads is None)
+        assert a.heads is None or all(torch.equal(x, y) for x, y in zip(a.heads, b.heads, strict=True))
+
+
+def test_fedopt_method_steps_each_group_with_its_own_moments():
+    """FedAdam by hand on the encoder pool (one group: x the start, Δ the mean delta), and one
+    moment pair per group: encoders/all, decoders/semseg and decoders/depth, heads per task.
+    A group with no member training keeps its rows and its moments."""
+    from fedmtl.methods.fedopt import FedOpt
+
+    method = FedOpt(decoder_scope="same_task", head_scope="same_task")
+    inputs = _method_round()
+    out = method.aggregate(inputs)
+    x = inputs.encoders_prev.double().mean(0)
+    delta = inputs.encoder_deltas.double().mean(0)
+    m = (1 - DEFAULT_BETA1) * delta
+    v = DEFAULT_BETA2 * DEFAULT_TAU**2 + (1 - DEFAULT_BETA2) * delta**2
+    expected = x + DEFAULT_SERVER_LR * m / (v.sqrt() + DEFAULT_TAU)
+    torch.testing.assert_close(out.encoders.double(), expected.expand(3, -1), rtol=1e-5, atol=1e-6)
+    assert sorted(method.moments) == [
+        "decoders/depth",
+        "decoders/semseg",
+        "encoders/all",
+        "heads/nyud/depth",
+        "heads/nyud/semseg",
+    ]
+    assert torch.equal(out.decoders[0], out.decoders[1]) and not torch.equal(out.decoders[0], out.decoders[2])
+    depth = {k: t.clone() for k, t in method.moments["decoders/depth"].items()}
+    second = _method_round(2, participants=(0, 1))  # the depth client sits out
+    out = method.aggregate(second)
+    assert torch.equal(out.decoders[2], second.decoders_prev[2])
+    assert all(torch.equal(method.moments["decoders/depth"][k], t) for k, t in depth.items())
+
+
+def test_fedopt_method_state_resumes_bit_for_bit(tmp_path):
+    from fedmtl.methods.fedopt import FedOpt
+
+    straight, resumed = FedOpt(server_optimizer="yogi"), FedOpt(server_optimizer="yogi")
+    for round_ in (1, 2):
+        straight.aggregate(_method_round(round_))
+    torch.save(straight.state_dict(), tmp_path / "server.pt")
+    resumed.load_state_dict(torch.load(tmp_path / "server.pt", weights_only=True))
+    a, b = straight.aggregate(_method_round(3)), resumed.aggregate(_method_round(3))
+    assert torch.equal(a.encoders, b.encoders) and torch.equal(a.decoders, b.decoders)
+    assert repr(straight.state_dict()) == repr(resumed.state_dict())
+    with pytest.raises(ValueError, match="moments"):
+        resumed.load_state_dict({"alpha": torch.zeros(1)})

@@ -8,11 +8,14 @@ nothing of models or clients beyond their flat parameters.
 from fedmtl.aggregation.base import (
     Aggregator,
     ClientInfo,
+    HeadGroup,
     RoundInput,
     RoundOutput,
     decoder_owners_of,
+    head_groups_of,
 )
 from fedmtl.aggregation.feddea import feddea_k, feddea_mask
+from fedmtl.aggregation.fedopt import ServerOptimizer, fedopt_init_state, fedopt_step
 from fedmtl.aggregation.flat import FlatLayout, parameter_layers
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
@@ -35,8 +38,10 @@ __all__ = [
     "Aggregator",
     "ClientInfo",
     "FlatLayout",
+    "HeadGroup",
     "RoundInput",
     "RoundOutput",
+    "ServerOptimizer",
     "conflict_averse_coefficients",
     "conflict_averse_update",
     "conflict_averse_weights",
@@ -47,9 +52,14 @@ __all__ = [
     "fedamp_weights",
     "feddea_k",
     "feddea_mask",
+    "fedopt_init_state",
+    "fedopt_step",
+    "feddea_k",
+    "feddea_mask",
     "gram_matrix",
     "group_means",
     "group_means_to",
+    "head_groups_of",
     "heuristic_fedamp_weights",
     "mean_rows",
     "mix_rows",

@@ -3,8 +3,10 @@
 An aggregator is a function of flat, stacked parameters (plus its own server state, e.g.
 FedHCA²'s hyper weights). It returns the new parameters of every client encoder and every
 decoder and never touches a model: the engine flattens the models into a :class:`RoundInput`
-and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads are never
-aggregated (REFERENCE.md, "Setting"), so they appear in neither.
+and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads stay local
+(REFERENCE.md, "Setting"), except in the unified-model setting of FedDEA, where a method
+that asks for them (``Method.shares_heads``) also gets each (dataset, task)'s heads as a
+:class:`HeadGroup`.
 
 Every federated method (``fedmtl.methods``) is an aggregator plus its client behaviour; this
 module only knows the server side.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -56,6 +58,49 @@ def decoder_owners_of(clients: Sequence[ClientInfo]) -> list[tuple[int, str]]:
 
 
 @dataclass
+class HeadGroup:
+    """The heads of one task on one dataset, across the clients that have it: they share a
+    layout (a head's output channels depend on both), so they can be stacked and averaged.
+
+    Only exchanged for methods that aggregate heads (the unified-model setting); rows follow
+    ``owners``, the owning clients in ascending order.
+    """
+
+    dataset: str
+    task: str
+    layout: FlatLayout
+    owners: list[int]  # client indices, ascending
+    prev: Tensor  # [len(owners), H]
+    deltas: Tensor  # [len(owners), H]
+
+    def __post_init__(self) -> None:
+        self.owners = [int(i) for i in self.owners]
+        if not self.owners or self.owners != sorted(set(self.owners)):
+            raise ValueError(
+                f"head group {self.key}: owners must be sorted, unique and non-empty, got {self.owners}"
+            )
+        try:
+            _check_pair("heads", self.prev, self.deltas, len(self.owners), "owners", self.layout)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"head group {self.key}: {err}") from None
+
+    @property
+    def key(self) -> str:
+        """``dataset/task``: the group's name in logs and in server state."""
+        return f"{self.dataset}/{self.task}"
+
+
+def head_groups_of(clients: Sequence[ClientInfo]) -> list[tuple[str, str, list[int]]]:
+    """The fixed head-group order: (dataset, task, owning clients), by first owner, then the
+    owner's task order."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, client in enumerate(clients):
+        for task in client.tasks:
+            groups.setdefault((client.dataset, task), []).append(i)
+    return [(dataset, task, owners) for (dataset, task), owners in groups.items()]
+
+
+@dataclass
 class RoundInput:
     """What the server receives in one round, as stacked flat vectors.
 
@@ -76,6 +121,8 @@ class RoundInput:
     # Clients that trained this round (sorted); None: all. The others' rows hold their current
     # parameters and zero deltas (client sampling, ``Method.participation``).
     participants: tuple[int, ...] | None = None
+    # Heads by (dataset, task), in head_groups_of order; empty unless the method shares heads.
+    heads: list[HeadGroup] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 1:
@@ -117,6 +164,15 @@ class RoundInput:
             "K decoders",
             self.decoder_layout,
         )
+        self.heads = list(self.heads)
+        if self.heads:
+            expected_heads = head_groups_of(self.clients)
+            got = [(g.dataset, g.task, g.owners) for g in self.heads]
+            if got != expected_heads:
+                raise ValueError(
+                    f"heads must list every (dataset, task) group once, in head_groups_of(clients) order; "
+                    f"expected {expected_heads}, got {got}"
+                )
 
     def _check_owners(self) -> None:
         n = self.num_clients
@@ -181,18 +237,29 @@ class RoundInput:
 class RoundOutput:
     """The new parameters θ^(r) of every client encoder [N, P] and every decoder [K, Q].
 
-    Rows follow the :class:`RoundInput`'s clients and decoder owners.
+    Rows follow the :class:`RoundInput`'s clients and decoder owners. ``heads``: one stack
+    per input head group, or None (heads stay as the clients trained them).
     """
 
     encoders: Tensor  # [N, P]
     decoders: Tensor  # [K, Q]
+    heads: list[Tensor] | None = None
 
     def check_against(self, inputs: RoundInput) -> None:
         """Raise ValueError unless shapes, dtypes and devices match ``inputs``."""
-        for what, out, ref in [
+        pairs = [
             ("encoders", self.encoders, inputs.encoders_prev),
             ("decoders", self.decoders, inputs.decoders_prev),
-        ]:
+        ]
+        if self.heads is not None:
+            if len(self.heads) != len(inputs.heads):
+                raise ValueError(
+                    f"output has {len(self.heads)} head stacks; the input has {len(inputs.heads)} groups"
+                )
+            pairs += [
+                (f"heads {g.key}", out, g.prev) for out, g in zip(self.heads, inputs.heads, strict=True)
+            ]
+        for what, out, ref in pairs:
             if out.shape != ref.shape or out.dtype != ref.dtype or out.device != ref.device:
                 raise ValueError(
                     f"output {what} is {tuple(out.shape)} {out.dtype} on {out.device}; "

@@ -42,7 +42,7 @@ def feddea_k(rho: float, d: int) -> int:
     ρ·d within float rounding (a relative 1e-9) of an integer counts as that integer, so
     ρ = 0.3, d = 10 keeps 3 entries, not the 4 that ``math.ceil(0.3 * 10)`` would give.
     """
-    _check_rho(rho)
+    check_rho(rho)
     if d <= 0:
         return 0
     product = rho * d
@@ -70,7 +70,7 @@ def feddea_mask(updates: Tensor, rho: float, rescale: bool = True) -> Tensor:
     27.5 M-entry float32 row, see ``benchmarks/feddea_mask.py``), against tens of times for
     ``torch.topk``. Extra memory: two bool masks of one row.
     """
-    _check_rho(rho)
+    check_rho(rho)
     if updates.ndim != 2 or not updates.is_floating_point():
         raise ValueError(
             f"feddea_mask takes a floating-point stack of updates [N, D], got {updates.dtype} "
@@ -92,7 +92,7 @@ def feddea_mask(updates: Tensor, rho: float, rescale: bool = True) -> Tensor:
     return out
 
 
-def _check_rho(rho: float) -> None:
+def check_rho(rho: float) -> None:
     if isinstance(rho, bool) or not isinstance(rho, Real) or not 0 < float(rho) <= 1:
         raise ValueError(
             f"algorithm.rho must be a number in (0, 1] (the fraction of each update FedDEA keeps), "

@@ -4,8 +4,9 @@ Every rank runs the same loop on its share of the clients (balanced by expected 
 
 1. train: each of the rank's clients is materialised from the client store into a model of
    its architecture on the device, trains its local epochs, and goes back to the store;
-2. exchange: the flat encoder / decoder parameters before and after training are
-   all-gathered, so every rank holds every client's update;
+2. exchange: the flat encoder / decoder parameters (and heads, for a method that shares
+   them) before and after training are all-gathered, so every rank holds every client's
+   update;
 3. aggregate: every rank runs the (deterministic) aggregator on the same inputs, so server
    state stays identical everywhere without a broadcast; each rank writes the new
    parameters of its own clients into their stored state;
@@ -35,7 +36,15 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owners_of
+from fedmtl.aggregation import (
+    ClientInfo,
+    FlatLayout,
+    HeadGroup,
+    RoundInput,
+    RoundOutput,
+    decoder_owners_of,
+    head_groups_of,
+)
 from fedmtl.config import RunConfig
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
 from fedmtl.federated import checkpoint
@@ -84,6 +93,10 @@ class Simulation:
         self.owners = decoder_owners_of(self.clients)
         # Row of each client's first decoder in the round's decoder stack (owners are by client).
         self._first_decoder = {i: self.owners.index((i, s.tasks[0])) for i, s in enumerate(self.specs)}
+        # Heads are exchanged only for a method that aggregates them (the unified model), in
+        # (dataset, task, owners) groups; (client, task) -> its group.
+        self.head_groups = head_groups_of(self.clients) if self.method.shares_heads else []
+        self._head_group = {(i, t): g for g, (_, t, owners) in enumerate(self.head_groups) for i in owners}
         self.method.setup(cfg.rounds, self.clients, cfg.seed)
         self.trainer = LocalTrainer(fabric, cfg.seed, cfg.rounds, self._loader)
         # The models a method evaluates, its paper's one first (e.g. Ditto: personal, global).
@@ -184,12 +197,28 @@ class Simulation:
         n_enc = len(self.mine)
         n_dec = sum(len(self.specs[i].tasks) for i in self.mine)
         device = self.fabric.device
-        return {
+        rows = {
             "enc_prev": torch.empty(n_enc, self.enc_layout.numel, device=device),
             "enc_delta": torch.empty(n_enc, self.enc_layout.numel, device=device),
             "dec_prev": torch.empty(n_dec, self.dec_layout.numel, device=device),
             "dec_delta": torch.empty(n_dec, self.dec_layout.numel, device=device),
         }
+        for g, (_, _, owners) in enumerate(self.head_groups):
+            n_head = sum(1 for i in owners if i in self.mine)
+            rows[f"head{g}_prev"] = torch.empty(n_head, self.head_layouts[g].numel, device=device)
+            rows[f"head{g}_delta"] = torch.empty(n_head, self.head_layouts[g].numel, device=device)
+        return rows
+
+    def _head_slots(self, i: int) -> list[tuple[str, int, int]]:
+        """(task, group, row in this rank's stack of the group) of each of client ``i``'s
+        exchanged heads (none unless the method shares heads)."""
+        slots = []
+        for task in self.specs[i].tasks:
+            if (i, task) in self._head_group:
+                g = self._head_group[(i, task)]
+                mine = [j for j in self.head_groups[g][2] if j in self.mine]
+                slots.append((task, g, mine.index(i)))
+        return slots
 
     def _train_client(
         self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
@@ -206,6 +235,10 @@ class Simulation:
         rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
         rows["enc_delta"][enc_row] = 0
         rows["dec_delta"][dec_rows] = 0
+        heads = self._head_slots(i)
+        for task, g, r in heads:
+            rows[f"head{g}_prev"][r] = self.head_layouts[g].flatten(module.model.heads[task])
+            rows[f"head{g}_delta"][r] = 0
         if not takes_part:
             return torch.zeros(LOSS_COLUMNS, dtype=torch.float64), 0
         # The memory store hands out the stored state itself, which training changes in place.
@@ -221,6 +254,9 @@ class Simulation:
         rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
         rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
+        for task, g, r in heads:
+            rows[f"head{g}_delta"][r] = self.head_layouts[g].flatten(module.model.heads[task])
+            rows[f"head{g}_delta"][r] -= rows[f"head{g}_prev"][r]
         self.store.put(i, state)
         return losses, 0
 
@@ -303,28 +339,50 @@ class Simulation:
             decoders_prev=self._gather(rows.pop("dec_prev"), dec_counts),
             decoder_deltas=self._gather(rows.pop("dec_delta"), dec_counts),
             participants=None if participants is None else tuple(participants),
+            heads=[self._head_group_input(g, rows) for g in range(len(self.head_groups))],
         )
 
-    def _write_back(self, encoders: torch.Tensor, decoders: torch.Tensor, skip: list[int]) -> None:
-        """Hand the server's new encoder / decoder rows to this rank's clients (the method's
-        ``receive``: into the model by default) and store them; ``skip``: clients whose update
-        was dropped keep their state."""
+    def _head_group_input(self, g: int, rows: dict[str, torch.Tensor]) -> HeadGroup:
+        """Head group ``g`` gathered from every rank (a client holds one row of it, or none)."""
+        dataset, task, owners = self.head_groups[g]
+        counts = [int(i in owners) for i in range(len(self.specs))]
+        return HeadGroup(
+            dataset,
+            task,
+            self.head_layouts[g],
+            owners,
+            prev=self._gather(rows.pop(f"head{g}_prev"), counts),
+            deltas=self._gather(rows.pop(f"head{g}_delta"), counts),
+        )
+
+    def _write_back(self, output: RoundOutput, skip: list[int]) -> None:
+        """Hand the server's new encoder / decoder (/ head) rows to this rank's clients (the
+        method's ``receive``: into the model by default) and store them; ``skip``: clients
+        whose update was dropped keep their state."""
         for i in self.mine:
             if i in skip:
                 continue
             module, state = self._materialise(i)
             first = self._first_decoder[i]
-            rows = {task: decoders[first + j] for j, task in enumerate(self.specs[i].tasks)}
-            self.method.receive(self._context(i, module, state), encoders[i], rows)
+            rows = {task: output.decoders[first + j] for j, task in enumerate(self.specs[i].tasks)}
+            ctx = self._context(i, module, state)
+            self.method.receive(ctx, output.encoders[i], rows)
+            if output.heads is not None:
+                groups = {task: self._head_group[(i, task)] for task in self.specs[i].tasks}
+                heads = {task: output.heads[g][self.head_groups[g][2].index(i)] for task, g in groups.items()}
+                self.method.receive_heads(ctx, heads)
             state["model"] = to_host(module.model.state_dict())
             self.store.put(i, state)
 
-    def _check_output(self, output: Any) -> None:
+    def _check_output(self, output: RoundOutput) -> None:
         """The server step must not create NaN/inf from finite updates (an overflow, a bug)."""
-        for what, stack, owner in (
+        stacks = [
             ("encoder", output.encoders, [s.name for s in self.specs]),
             ("decoder", output.decoders, [f"{self.specs[i].name}/{t}" for i, t in self.owners]),
-        ):
+        ]
+        for stack, (_, task, owners) in zip(output.heads or [], self.head_groups, strict=False):
+            stacks.append(("head", stack, [f"{self.specs[i].name}/{task}" for i in owners]))
+        for what, stack, owner in stacks:
             finite = torch.isfinite(stack).all(dim=1).cpu()
             if not bool(finite.all()):
                 rows = [owner[k] for k in torch.nonzero(~finite).flatten().tolist()]
@@ -390,6 +448,11 @@ class Simulation:
         probe = self._module(self.mine[0] if self.mine else 0)
         self.enc_layout = FlatLayout.from_module(probe.model.encoder)
         self.dec_layout = FlatLayout.from_module(next(iter(probe.model.decoders.values())))
+        # A head's layout depends on its task and dataset: one per exchanged head group.
+        self.head_layouts = [
+            FlatLayout.from_module(self._module(owners[0]).model.heads[task])
+            for _, task, owners in self.head_groups
+        ]
 
     def _start(self) -> int:
         """Fill the store from the latest checkpoint (``resume``) or from scratch; the first round."""
@@ -456,7 +519,7 @@ class Simulation:
         output = self.method.aggregate(inputs)
         output.check_against(inputs)
         self._check_output(output)
-        self._write_back(output.encoders, output.decoders, skip=dropped)
+        self._write_back(output, skip=dropped)
         timings["aggregate"] = time.perf_counter() - start
         del rows, inputs, output
         if self.round == self.cfg.rounds:
@@ -571,6 +634,8 @@ class Simulation:
         }
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
+        if self.head_groups:
+            summary["unified"] = self._unified(summary["clients"])
         # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
         nonfinite = {
             label: [c for c, tasks in results[label].items() if any(math.isnan(v) for v in tasks.values())]
@@ -580,6 +645,19 @@ class Simulation:
         if any(nonfinite.values()):
             summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
         return summary
+
+    def _unified(self, clients: dict[str, Any]) -> dict[str, Any]:
+        """The unified model's metric per task (``dataset/task``), for a method that shares
+        heads: in the unified-model setting (encoders over all, decoders and heads per task)
+        the clients of a task hold the same parameters and differ only in their local
+        BatchNorm statistics, so the task's value is the mean over them (null if one is null)."""
+        out = {}
+        for dataset, task, owners in self.head_groups:
+            name = get_task(task).metric_name
+            values = [clients[self.specs[i].name]["metrics"][task][name] for i in owners]
+            mean = None if any(v is None for v in values) else sum(values) / len(values)
+            out[f"{dataset}/{task}"] = {name: mean, "clients": [self.specs[i].name for i in owners]}
+        return out
 
     def _finish(self, results: dict[str, dict[str, float]]) -> dict[str, Any]:
         summary = self.summary(results, self.cfg.rounds)

@@ -15,6 +15,7 @@ hook                   what it decides                                          
 ``penalty``            a proximal term added to the loss, anchored at a snapshot   FedProx, FedAMP
 ``local_update``       the whole local step (default: one track, E epochs)         Ditto
 ``receive``            where the server's output goes (default: into the model)    FedAMP
+``receive_heads``      the same for heads, when the method shares them             FedAvg (unified)
 ``finish``             work after the last round (never fed back to the server)    FedBABU
 ``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
 =====================  ==========================================================  =================
@@ -123,6 +124,12 @@ class Method(Aggregator):
     #: The model the results' ``clients`` table reports, as results.json names it.
     evaluated: str = "post-aggregation"
 
+    @property
+    def shares_heads(self) -> bool:
+        """Whether the server aggregates heads too (the unified-model setting): the engine then
+        exchanges them (``RoundInput.heads``). Default: heads stay local, as in HC-FMTL."""
+        return False
+
     def __init__(self, participation: float = 1.0) -> None:
         if not 0 < participation <= 1:
             raise ValueError(
@@ -190,6 +197,13 @@ class Method(Aggregator):
             ctx.encoder_layout.assign(ctx.model.encoder, encoder)
         for task, row in decoders.items():
             ctx.decoder_layout.assign(ctx.model.decoders[task], row)
+
+    def receive_heads(self, ctx: ClientContext, heads: Mapping[str, Tensor]) -> None:
+        """Take the server's head rows (task -> flat head), only for a method that shares heads
+        and returned them. Default: they become the model's heads."""
+        for task, row in heads.items():
+            head = ctx.model.heads[task]
+            FlatLayout.from_module(head).assign(head, row)
 
     def finish(self, ctx: ClientContext) -> None:
         """After the last round's aggregation, before the final evaluation (FedBABU's

@@ -13,6 +13,9 @@ from fedmtl.methods.base import ClientContext, Method, register_method
 
 Scope = Literal["all", "same_task", "cluster", "none"]
 SCOPES = ("all", "same_task", "cluster", "none")
+HeadScope = Literal["none", "same_task"]
+HEAD_SCOPES = ("none", "same_task")
+Groups = dict[str, tuple[list[int], list[int]]]  # group key -> (rows that trained, rows that receive)
 
 
 @register_method
@@ -31,6 +34,11 @@ class FedAvg(Method):
       distance of deviations from the mean, average linkage);
     - ``none``: nothing is averaged (the pool stays personal).
 
+    Heads stay local unless ``head_scope`` is ``same_task``: then the heads of one task on one
+    dataset are averaged among the clients that have it. With ``decoder_scope: same_task``
+    this is the unified-model setting of FedDEA (``configs/feddea/``): one shared encoder and,
+    per task, one decoder and head.
+
     With client sampling (``participation`` < 1) a group's mean is taken over its members
     that trained this round and given to all its members (for ``cluster``: to those that
     trained); a group with no member training is left as it is.
@@ -41,6 +49,8 @@ class FedAvg(Method):
         weighted: weigh each encoder by its client's ``num_samples`` and each decoder by its
             owner's, instead of equally (the paper's comparison averages equally).
         num_clusters: clusters for a ``cluster`` scope (MaT-FL: 2).
+        head_scope: ``none`` (heads stay local, HC-FMTL) or ``same_task`` (averaged among the
+            clients with the same task on the same dataset: the unified model).
         participation: fraction of the clients that train each round (see :class:`Method`).
     """
 
@@ -51,11 +61,15 @@ class FedAvg(Method):
         weighted: bool = False,
         num_clusters: int = 2,
         participation: float = 1.0,
+        head_scope: HeadScope = "none",
     ) -> None:
         super().__init__(participation=participation)
         for name, scope in [("encoder_scope", encoder_scope), ("decoder_scope", decoder_scope)]:
             if scope not in SCOPES:
                 raise ValueError(f"algorithm.{name} must be one of {list(SCOPES)}, got {scope!r}")
+        if head_scope not in HEAD_SCOPES:
+            raise ValueError(f"algorithm.head_scope must be one of {list(HEAD_SCOPES)}, got {head_scope!r}")
+        self.head_scope = head_scope
         if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
             raise ValueError(f"algorithm.num_clusters must be an integer >= 1, got {num_clusters!r}")
         self.encoder_scope = encoder_scope
@@ -71,9 +85,10 @@ class FedAvg(Method):
             )
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        encoder_keys = [frozenset(c.tasks) for c in inputs.clients]
+        encoder_keys = ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
         decoder_keys = [task for _, task in inputs.decoder_owners]
         encoders = self._pool(
+            "encoders",
             self.encoder_scope,
             inputs.encoders_prev,
             inputs.encoder_deltas,
@@ -82,6 +97,7 @@ class FedAvg(Method):
             inputs.client_num_samples,
         )
         decoders = self._pool(
+            "decoders",
             self.decoder_scope,
             inputs.decoders_prev,
             inputs.decoder_deltas,
@@ -89,7 +105,24 @@ class FedAvg(Method):
             inputs.participating_decoders,
             inputs.decoder_num_samples,
         )
-        return RoundOutput(encoders=encoders, decoders=decoders)
+        return RoundOutput(encoders=encoders, decoders=decoders, heads=self._heads(inputs))
+
+    @property
+    def shares_heads(self) -> bool:
+        return self.head_scope != "none"
+
+    def _heads(self, inputs: RoundInput) -> list[Tensor] | None:
+        """Each head group combined over its owners that trained (``head_scope: same_task``)."""
+        if not self.shares_heads:
+            return None
+        taking_part = set(inputs.participating_clients)
+        out = []
+        for group in inputs.heads:
+            rows = list(range(len(group.owners)))
+            trained = [j for j in rows if group.owners[j] in taking_part]
+            counts = [inputs.clients[i].num_samples for i in group.owners]
+            out.append(self._combine("heads", group.prev, group.deltas, {group.key: (trained, rows)}, counts))
+        return out
 
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         """A pool with scope ``none`` keeps the bits the client trained (the server's row,
@@ -102,28 +135,39 @@ class FedAvg(Method):
 
     def _pool(
         self,
+        pool: str,
         scope: Scope,
         prev: Tensor,
         deltas: Tensor,
-        keys: Sequence[object],
+        keys: Sequence[str],
         participating: list[int],
         num_samples: list[int],
     ) -> Tensor:
-        """One pool's new rows: means within the scope's groups of trained rows."""
+        """One pool's new rows: the scope's groups of rows, combined by :meth:`_combine`."""
         rows = range(prev.shape[0])
+        groups: Groups = {}
         if scope == "all":
-            groups = [(participating, list(rows))]
+            groups["all"] = (list(participating), list(rows))
         elif scope == "same_task":
-            members: dict[object, list[int]] = {}
-            for row in rows:
-                members.setdefault(keys[row], []).append(row)
             taking_part = set(participating)
-            groups = [([r for r in group if r in taking_part], group) for group in members.values()]
+            for row in rows:
+                sources, targets = groups.setdefault(keys[row], ([], []))
+                targets.append(row)
+                if row in taking_part:
+                    sources.append(row)
         elif scope == "cluster":
-            groups = [(c, c) for c in self._clusters(prev, deltas, participating)]
-        else:
-            groups = []
-        return group_means_to(prev, deltas, groups, num_samples if self.weighted else None)
+            for j, cluster in enumerate(self._clusters(prev, deltas, participating)):
+                groups[f"cluster{j}"] = (cluster, cluster)
+        return self._combine(pool, prev, deltas, groups, num_samples)
+
+    def _combine(
+        self, pool: str, prev: Tensor, deltas: Tensor, groups: Groups, num_samples: list[int]
+    ) -> Tensor:
+        """A pool's new rows from its groups (key -> (rows that trained, rows that receive)):
+        each group's mean goes to its receivers; the other rows keep what they trained.
+        FedOpt overrides this with a server optimiser per group."""
+        weights = num_samples if self.weighted else None
+        return group_means_to(prev, deltas, list(groups.values()), weights)
 
     def _clusters(self, prev: Tensor, deltas: Tensor, participating: list[int]) -> list[list[int]]:
         """MaT-FL's clusters of the participating rows, as row indices."""
@@ -137,5 +181,6 @@ class FedAvg(Method):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(encoder_scope={self.encoder_scope!r}, decoder_scope={self.decoder_scope!r}, "
-            f"weighted={self.weighted}, num_clusters={self.num_clusters}, participation={self.participation})"
+            f"weighted={self.weighted}, num_clusters={self.num_clusters}, participation={self.participation}, "
+            f"head_scope={self.head_scope!r})"
         )

@@ -7,7 +7,7 @@ from typing import Literal
 from torch import nn
 
 from fedmtl.methods.base import ClientContext, Penalty, parameters_of, register_method, snapshot
-from fedmtl.methods.fedavg import FedAvg
+from fedmtl.methods.fedavg import FedAvg, HeadScope, Scope
 
 
 @register_method
@@ -28,6 +28,8 @@ class FedProx(FedAvg):
             (encoder and decoders, not the heads).
         weighted: weigh averages by sample counts (see :class:`FedAvg`).
         participation: fraction of the clients that train each round.
+        encoder_scope, decoder_scope, head_scope: among whom the server averages (see
+            :class:`FedAvg`; the paper's FedProx: all, all, none).
     """
 
     def __init__(
@@ -36,8 +38,17 @@ class FedProx(FedAvg):
         prox_scope: Literal["all", "shared_only"] = "all",
         weighted: bool = False,
         participation: float = 1.0,
+        encoder_scope: Scope = "all",
+        decoder_scope: Scope = "all",
+        head_scope: HeadScope = "none",
     ) -> None:
-        super().__init__(weighted=weighted, participation=participation)
+        super().__init__(
+            encoder_scope=encoder_scope,
+            decoder_scope=decoder_scope,
+            weighted=weighted,
+            participation=participation,
+            head_scope=head_scope,
+        )
         if not mu >= 0:
             raise ValueError(f"algorithm.mu must be >= 0 (the proximal coefficient), got {mu!r}")
         if prox_scope not in ("all", "shared_only"):
@@ -54,5 +65,6 @@ class FedProx(FedAvg):
     def __repr__(self) -> str:
         return (
             f"FedProx(mu={self.mu}, prox_scope={self.prox_scope!r}, weighted={self.weighted}, "
-            f"participation={self.participation})"
+            f"participation={self.participation}, encoder_scope={self.encoder_scope!r}, "
+            f"decoder_scope={self.decoder_scope!r}, head_scope={self.head_scope!r})"
         )

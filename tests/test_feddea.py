@@ -212,7 +212,7 @@ UNIFIED = [
         "dataset": "pascal_context",
         "tasks": ["semseg", "sal"],
         "single_task": True,
-        "batch_size": 4,
+        "batch_size": 2,
         "replicas": 2,
     }
 ]

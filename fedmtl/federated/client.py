@@ -112,15 +112,26 @@ def make_optimizer(
     params: list[nn.Parameter], cfg: OptimizerConfig, total_epochs: int | None
 ) -> tuple[torch.optim.AdamW, CosineLRScheduler | None]:
     """AdamW over ``params`` and, unless ``total_epochs`` is None, timm's warm-up cosine
-    schedule stepped once per local epoch over the whole run (paper 4.1, suppl. C)."""
+    schedule over the whole run (paper 4.1, suppl. C), built as the public code builds it:
+    the warm-up is a prefix and the cosine spans the remaining ``total_epochs − warmup``
+    epochs (at least one). Step it with :func:`end_epoch`."""
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if total_epochs is None:
         return optimizer, None
     scheduler = CosineLRScheduler(
         optimizer,
-        t_initial=total_epochs,
+        t_initial=max(total_epochs - cfg.warmup_epochs, 1),
         lr_min=cfg.min_lr,
         warmup_t=cfg.warmup_epochs,
         warmup_lr_init=cfg.warmup_lr,
+        warmup_prefix=True,
     )
     return optimizer, scheduler
+
+
+def end_epoch(scheduler: CosineLRScheduler, epoch: int) -> None:
+    """Step the schedule at the end of global epoch ``epoch`` (0-based), as the public code
+    does (``scheduler.step(cr * local_epochs + epoch)``): the next epoch trains at the
+    schedule's value for ``epoch``. Epoch e therefore trains at its value for max(e − 1, 0),
+    one epoch behind the schedule, and the first two epochs both train at the warm-up's start."""
+    scheduler.step(epoch)

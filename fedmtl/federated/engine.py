@@ -62,6 +62,7 @@ from fedmtl.federated.training import (
     LocalTrainer,
 )
 from fedmtl.methods.base import ClientContext, derive_seed, new_track
+from fedmtl.models import reinitialise
 from fedmtl.tasks import get_task
 
 
@@ -146,10 +147,13 @@ class Simulation:
         return module
 
     def _initial_state(self, i: int) -> ClientState:
-        # Every client starts from the same encoder, as from a shared pretrained backbone; the
-        # same seed on every rank makes the start independent of where the client trains.
+        # Every client starts from the same encoder, as from a shared pretrained backbone; its
+        # decoders and heads are its own random draw, as the public code builds each client's
+        # model on its own. Seeds by client index make the start independent of the rank.
         torch.manual_seed(derive_seed(self.cfg.seed, "init"))
         module = ClientModule(self.specs[i], self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
+        reinitialise(module.model.decoders, derive_seed(self.cfg.seed, "init", "decoders", i))
+        reinitialise(module.model.heads, derive_seed(self.cfg.seed, "init", "heads", i))
         personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
         return {**new_track(module.model), "personal": personal}
 
@@ -178,11 +182,15 @@ class Simulation:
         )
 
     def _loader(self, dataset: DenseDataset, batch_size: int, shuffle_seed: int | None) -> DataLoader:
-        generator = torch.Generator().manual_seed(shuffle_seed) if shuffle_seed is not None else None
+        """A training loader (shuffled with ``shuffle_seed``; the last incomplete batch is
+        dropped, as the public code does) or, with ``shuffle_seed`` None, an evaluation one."""
+        training = shuffle_seed is not None
+        generator = torch.Generator().manual_seed(shuffle_seed) if training else None
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=shuffle_seed is not None,
+            shuffle=training,
+            drop_last=training,
             generator=generator,
             num_workers=self.cfg.data.num_workers,
             persistent_workers=False,

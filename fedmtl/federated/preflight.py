@@ -65,6 +65,13 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             )
         if not read_split(val):
             raise ValueError(f"{name} validation split {val} lists no image: every client is evaluated on it")
+    for spec in specs:
+        if len(spec.train_indices) < spec.batch_size:
+            raise ValueError(
+                f"client {spec.name} has {len(spec.train_indices)} training images, fewer than its batch size "
+                f"{spec.batch_size}: it would never take a step (training loaders drop the last incomplete "
+                "batch, as the public code does); lower clients[].batch_size or use fewer clients"
+            )
     size = cfg.data.train_size
     for spec in {(s.dataset, s.tasks): s for s in specs}.values():
         img_size = tuple(size or DATASETS.get(spec.dataset).train_size)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from fedmtl.config import OptimizerConfig
 from fedmtl.data.datasets import DenseDataset
-from fedmtl.federated.client import ClientModule, make_optimizer
+from fedmtl.federated.client import ClientModule, end_epoch, make_optimizer
 from fedmtl.federated.store import to_host
 from fedmtl.methods.base import Penalty, Track, derive_seed, parameters_of
 from fedmtl.tasks import TASKS
@@ -158,7 +158,7 @@ class LocalTrainer:
                     steps += 1
                 track["epochs_done"] = epoch + 1
                 if scheduler is not None:
-                    scheduler.step(track["epochs_done"])
+                    end_epoch(scheduler, epoch)
         finally:
             for p in parameters_of(frozen):
                 p.requires_grad_(True)

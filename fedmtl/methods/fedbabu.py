@@ -6,12 +6,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import ClientInfo
 from fedmtl.methods.base import ClientContext, derive_seed, new_track, register_method
 from fedmtl.methods.fedavg import FedAvg
+from fedmtl.models import reinitialise
 
 
 @register_method
@@ -69,11 +69,7 @@ class FedBABU(FedAvg):
         for task, head in model.heads.items():
             # PyTorch's default initialisation from the task's own seed; the global random
             # state is restored afterwards, so nothing else the client draws changes.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(seed, "fedbabu-head", client.dataset, task))
-                for layer in head.modules():
-                    if hasattr(layer, "reset_parameters"):
-                        layer.reset_parameters()
+            reinitialise(head, derive_seed(seed, "fedbabu-head", client.dataset, task))
         return {}
 
     def frozen(self, model: nn.Module, round_: int) -> list[nn.Module]:

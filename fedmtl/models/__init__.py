@@ -2,7 +2,7 @@
 
 from fedmtl.models.backbone import DEFAULT_BACKBONE, PAPER_BACKBONES, Encoder, create_encoder
 from fedmtl.models.decoder import FCNDecoder, Head
-from fedmtl.models.multitask import MultiTaskModel
+from fedmtl.models.multitask import MultiTaskModel, reinitialise
 
 __all__ = [
     "DEFAULT_BACKBONE",
@@ -12,4 +12,5 @@ __all__ = [
     "Head",
     "MultiTaskModel",
     "create_encoder",
+    "reinitialise",
 ]

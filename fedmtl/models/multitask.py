@@ -65,3 +65,13 @@ class MultiTaskModel(nn.Module):
                 pred = F.interpolate(pred, size=size, mode="bilinear", align_corners=False)
             out[task] = pred
         return out
+
+
+def reinitialise(module: nn.Module, seed: int) -> None:
+    """Draw ``module``'s parameters afresh, with PyTorch's default initialisation of each
+    layer, from ``seed``; the global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for layer in module.modules():
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()

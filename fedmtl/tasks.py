@@ -84,6 +84,7 @@ def _unit_normals(pred: torch.Tensor) -> torch.Tensor:
 
 
 def _edge_probability(pred: torch.Tensor) -> torch.Tensor:
+    # EdgeODSF quantises this to the uint8 grey level the public code saves as a PNG.
     return torch.sigmoid(pred[:, 0])
 
 

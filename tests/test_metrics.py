@@ -18,7 +18,13 @@ from skimage.morphology import thin as skimage_thin
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fedmtl.metrics import DepthRMSE, EdgeODSF, MeanIoU, NormalsMeanError, SaliencyMaxF, delta_m
-from fedmtl.metrics.edge import BoundaryMatcher, max_bipartite_matching_size
+from fedmtl.metrics.edge import (
+    BoundaryMatcher,
+    edge_thresholds,
+    grey_level_table,
+    max_bipartite_matching_size,
+    quantize_edge,
+)
 from fedmtl.metrics.saliency import threshold_counts
 from fedmtl.metrics.thinning import thin
 
@@ -304,6 +310,69 @@ def test_edge_counts_pool_over_images() -> None:
     assert metric.compute().item() == pytest.approx(100 * 150 / 220)
 
 
+# Quantisation: the public code saves np.uint8(sigmoid(x) * 255) (float32, truncated) as a PNG and
+# seism compares double(png) / 255 >= t. p = 0.8 in the tests above is grey 204 = 0.8 exactly, so
+# their expected numbers are unchanged by the quantisation.
+
+
+def test_quantize_edge_truncates_like_the_public_png() -> None:
+    probs = torch.tensor([0.0, 0.5, 0.502, 0.2, 0.2035, 0.199, 254.9 / 255, 1.0])
+    expected = [0, 127, 128, 51, 51, 50, 254, 255]  # floor(255 p): 0.5 -> 127.5 -> 127, not 128
+    assert quantize_edge(probs).tolist() == expected
+    assert quantize_edge(torch.sigmoid(torch.tensor([0.0]))).item() == 127  # logit 0
+    # The same numbers as the public expression, computed independently in numpy.
+    rng = np.random.default_rng(2)
+    p = np.concatenate([rng.random(10_000), np.arange(256) / 255]).astype(np.float32)
+    public = np.uint8(p * np.float32(255))
+    assert np.array_equal(quantize_edge(torch.from_numpy(p)).numpy(), public)
+    assert np.array_equal(quantize_edge(torch.from_numpy(p.astype(np.float64))).numpy(), public)
+
+
+def test_grey_level_table_is_seism_double_comparison() -> None:
+    t = edge_thresholds()
+    # Independently: MATLAB's double(q) / 255.0 >= str2double('0.kk'), counted over the 99 strings.
+    strings = [float(f"{k / 100:.2f}") for k in range(1, 100)]
+    expected = [sum(q / 255.0 >= v for v in strings) for q in range(256)]
+    assert grey_level_table(t).tolist() == expected
+    table = grey_level_table(t)
+    # 51 / 255 is exactly 0.2: positive at t = 0.20 (index 19), not at 0.21. 50 / 255 = 0.196.
+    assert table[51] == 20 and table[50] == 19
+    assert table[2] == 0 and table[3] == 1  # 2 / 255 = 0.0078 < 0.01 <= 3 / 255
+    assert table[255] == 99 and table[127] == 49 and table[128] == 50
+
+
+def test_edge_probability_half_is_below_threshold_half() -> None:
+    # p = 0.5 becomes grey 127 = 0.498: positive at t = 0.49, not at t = 0.50 (without the
+    # quantisation it would be). p = 0.502 becomes 128 = 0.502: positive at 0.50.
+    gt = _edge_lines()
+    half = _odsf(0.5 * gt, gt)
+    assert half.total_pred[48].item() == int(gt.sum())  # t = 0.49
+    assert half.total_pred[49].item() == 0  # t = 0.50
+    above = _odsf(0.502 * gt, gt)
+    assert above.total_pred[49].item() == int(gt.sum())
+    assert above.total_pred[50].item() == 0  # t = 0.51
+
+
+def test_edge_differences_below_one_grey_level_give_identical_counts() -> None:
+    # Two predictions that differ everywhere, but only inside the same 1/255 grey bin, and the
+    # grey levels themselves (uint8), all give the same counts at every threshold.
+    rng = torch.Generator().manual_seed(3)
+    levels = torch.randint(0, 256, (2, 40, 40), generator=rng, dtype=torch.uint8)
+    levels[:, 10:30, 20] = 250  # a confident line among the noise
+    target = torch.zeros(2, 40, 40)
+    target[:, 10:30, 20] = 1
+    low = ((levels.double() + 0.1) / 255).clamp(max=1.0)
+    high = ((levels.double() + 0.9) / 255).clamp(max=1.0)  # grey 255: p = 1 in both
+    assert torch.equal(quantize_edge(low), levels) and torch.equal(quantize_edge(high), levels)
+    metrics = [EdgeODSF(), EdgeODSF(), EdgeODSF()]
+    for metric, pred in zip(metrics, [low, high, levels]):
+        metric.update(pred, target)
+    for state in ("matched_pred", "total_pred", "matched_gt", "total_gt"):
+        assert torch.equal(getattr(metrics[0], state), getattr(metrics[1], state))
+        assert torch.equal(getattr(metrics[0], state), getattr(metrics[2], state))
+    assert metrics[0].total_pred.sum().item() > 0 and metrics[0].matched_pred.sum().item() > 0
+
+
 def test_thin_matches_skimage_on_random_maps() -> None:
     rng = np.random.default_rng(0)
     for _ in range(30):
@@ -417,6 +486,8 @@ def test_merged_halves_equal_pooled(name: str) -> None:
         (DepthRMSE(), torch.rand(1, 2, 4, 4), torch.rand(1, 2, 4, 4), ValueError, r"\[B, 1, H, W\]"),
         (EdgeODSF(), torch.rand(4, 4), torch.zeros(4, 4), ValueError, r"\[B, H, W\]"),
         (EdgeODSF(), torch.rand(1, 4, 4), torch.zeros(1, 4, 5), ValueError, "same shape"),
+        (EdgeODSF(), torch.ones(1, 4, 4, dtype=torch.long), torch.zeros(1, 4, 4), TypeError, "uint8 grey"),
+        (EdgeODSF(), torch.rand(1, 4, 4) + 1, torch.zeros(1, 4, 4), ValueError, r"\[0, 1\]"),
     ],
 )
 def test_clear_errors_on_wrong_inputs(metric, pred, target, error, match) -> None:

@@ -1,11 +1,74 @@
 """Optimal-dataset-scale F-measure (odsF) for boundary detection.
 
-REFERENCE.md, "Metrics": per image and per threshold t = 0.01 … 0.99, binarise the prediction
-(p >= t), thin it, and match predicted boundary pixels to ground-truth boundary pixels
-one-to-one within ``max_dist`` × image diagonal (0.0075 PASCAL-Context, 0.011 NYUD-v2); pool
-the counts over images per threshold; P = matched predicted / predicted, R = matched ground
-truth / ground truth, F = 2PR / (P + R); odsF = max over thresholds, in %.
+REFERENCE.md, "Metrics": per image and per threshold t = 0.01 … 0.99, binarise the prediction,
+thin it, and match predicted boundary pixels to ground-truth boundary pixels one-to-one within
+``max_dist`` × image diagonal (0.0075 PASCAL-Context, 0.011 NYUD-v2); pool the counts over
+images per threshold; P = matched predicted / predicted, R = matched ground truth / ground
+truth, F = 2PR / (P + R); odsF = max over thresholds, in %.
 
+The public pipeline, point by point
+-----------------------------------
+FedHCA² evaluates edges offline: its test script saves every edge map as an 8-bit PNG, and the
+author's fork of SEISM (MATLAB, Piotr Dollár's edge code and the BSDS ``correspondPixels``)
+scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/FedHCA2.
+
+1. Quantisation (implemented). FedHCA² ``utils.py`` ``get_output``: edge = ``torch.sigmoid(x) *
+   255`` (float32); ``evaluation/evaluate_utils.py`` ``predict`` crops the padding and calls
+   ``save_img``, which writes ``Image.fromarray(np.uint8(pred), mode='L')`` — a cast, so the
+   grey level is ``floor(255·σ)`` (truncation, not rounding: σ = 0.5 → 127, only σ = 1 → 255).
+   FedHCA²'s ``evaluation/save_img.py`` was found only as a file of a repository the index did not name, with
+   exactly the signature FedHCA² calls, ``save_img(dataname, file_names, preds, task,
+   save_dir, idx)``, saving to the ``{idx}_edge/img`` folders FedHCA²'s ``create_pred_dir``
+   makes; the same cast is in youngfish42/FMTL-Benchmark ``evaluation/save_img.py`` and
+   innovator-zero/SAK ``evaluation/save_img.py``.
+   Here: :func:`quantize_edge`, ``uint8(float32(p) · 255)``, applied inside
+   :meth:`EdgeODSF.update` (which also takes uint8 grey levels as they are).
+2. Thresholds (implemented). innovator-zero/seism ``parameters.txt``: 99 values 0.01 … 0.99
+   (also SimonVandenhende/Multi-Task-Learning-PyTorch ``evaluation/eval_edge.py``:
+   ``np.arange(0.01, 1.00, 0.01)`` written with ``%.2f``). innovator-zero/seism
+   ``src/io/read_one_png.m``: positive iff ``double(imread(png)) / 255.0 >= str2double(t)``,
+   i.e. the grey level over 255 against t, both in double precision. Here: the same comparison
+   through a 256-entry table (:func:`grey_level_table`); k / 100 in float64 is the same double
+   as ``str2double('0.kk')``. Seism's ``edgesEvalImg`` then thresholds the binary map once more
+   at 0.5 (``thrs`` default changed to 1 "because binary images"), which changes nothing.
+3. Non-maximum suppression (NOT implemented: the largest remaining difference). The README of
+   innovator-zero/MTDP_Lib (same author, same seism fork) and ``evaluation/edge_evaluation.py``
+   there and in youngfish42/FMTL-Benchmark run ``nms_process`` (``--nms``) and point seism at
+   ``edge/nms/``, not ``edge/img/``. innovator-zero/seism ``nms_process.m``: ``x = png / 255``;
+   ``E = convTri(single(x), 1)``; orientation ``O`` from second derivatives of
+   ``convTri(E, 4)`` (``gradient2``); ``E = edgesNmsMex(E, O, 4, 5, 1.01, 4)`` (suppression
+   radius 4, boundary fade 5 px, multiplier 1.01); ``imwrite(uint8(E * 255))`` — MATLAB's
+   uint8 rounds, so the grey levels that are finally thresholded are round(255·NMS(…)).
+   FedHCA²'s own ``edge_evaluation.py`` is not in the index: assumed to be the same script.
+   fedmtl thresholds the quantised probabilities without NMS (smoothing + NMS would need a
+   faithful port of Piotr's ``convTri``/``edgesNmsMex`` to be comparable).
+4. Thinning (implemented). seism ``src/piotr_edges/edgesEvalImg.m`` (jponttuset/seism; the
+   fork's copy is not in the index, assumed unchanged): ``bwmorph(E1, 'thin', inf)`` of each
+   binarised prediction, ground truth not thinned; no other morphology. Here:
+   :func:`fedmtl.metrics.thinning.thin` (the same algorithm).
+5. Ground truth (NOT reproduced; documented). innovator-zero/seism ``src/gt_wrappers/db_gt.m``:
+   PASCAL-Context ``LabelMap`` from ``pascal-context/trainval/<id>.mat``, relabelled, and
+   ``edgesEvalImg`` turns it into boundaries with BSDS ``seg2bmap`` (a pixel is a boundary if
+   its label differs from its east, south or south-east neighbour; last row/column compare one
+   neighbour; 1 px wide, offset half a pixel towards the origin; not thinned further). NYUD:
+   ``groundTruth{1}.Boundaries`` from ``NYUDv2/edge_mat/<id>.mat`` (a directory the dataset
+   layout of REFERENCE.md does not have), also passed through ``seg2bmap``. fedmtl scores
+   against the target the data loader gives: PASCAL-Context 4-neighbour Laplacian of the
+   LabelMap != 0, thinned (FedHCA² ``datasets/pascal_context.py`` ``_load_edge``, its
+   training label); NYUD ``edge/<id>.png`` / 255 (FedHCA² ``datasets/nyud.py``). Whether the
+   NYUD png equals the .mat boundaries: not found.
+6. Ignored pixels. Public: none; ``predict`` crops the padding so every pixel of the original
+   image counts, and the radius is ``maxDist`` × the original image's diagonal. Here: the
+   ``ignore_index`` padding is removed by cropping to the valid region's bounding box (below),
+   which is the same as long as only padding carries ``ignore_index``.
+7. Matching radius: innovator-zero/seism ``src/scripts/eval_method.m``: ``maxDist`` 0.011 for
+   NYUD, 0.0075 otherwise (PASCAL-Context); MTDP_Lib README says the same.
+8. Pooling: innovator-zero/seism ``src/scripts/gather_measure.m`` sums cntR, sumR, cntP, sumP
+   over images per threshold, then F per threshold; ``general_ods`` takes the maximum. Zero
+   denominators give F = 0 there and here.
+
+The matching
+------------
 This replaces the BSDS benchmark's MATLAB ``correspondPixels``, which the public code calls.
 Like it, the matching is a bipartite assignment, not a distance transform: one ground-truth
 pixel can vindicate only one predicted pixel, so two parallel predicted lines next to one true
@@ -36,7 +99,6 @@ from torchmetrics import Metric
 
 from fedmtl.metrics._utils import (
     check_binary_target,
-    check_floating,
     check_ndim,
     check_probabilities,
     check_same_shape,
@@ -49,8 +111,33 @@ MATCHED_PRED, TOTAL_PRED, MATCHED_GT, TOTAL_GT = range(4)
 
 
 def edge_thresholds(num: int = 99) -> np.ndarray:
-    """k / (num + 1) for k = 1 … num: 0.01 … 0.99 for the default 99, as the BSDS code uses."""
+    """k / (num + 1) for k = 1 … num in float64: 0.01 … 0.99 for the default 99, the same doubles
+    as seism's ``str2double`` of its parameter strings '0.01' … '0.99'."""
     return np.arange(1, num + 1, dtype=np.float64) / (num + 1)
+
+
+GREY_LEVELS = 256  # the edge map is scored as an 8-bit image, as the public code saves it
+
+
+def quantize_edge(prob: Tensor) -> Tensor:
+    """uint8 grey level of an edge probability, as the public code writes the edge PNG.
+
+    ``np.uint8(torch.sigmoid(x) * 255)`` there: the product in float32, then a cast, which
+    truncates — ``floor(255·p)``, so p = 0.5 -> 127 and only p = 1 -> 255. Computed here on the
+    tensor's device in float32 (wider inputs are narrowed first, as the public model's float32
+    output is). ``prob`` must lie in [0, 1].
+    """
+    return (prob.float() * 255).to(torch.uint8)
+
+
+def grey_level_table(thresholds: np.ndarray) -> np.ndarray:
+    """[256] int64: for grey level q, the number of thresholds t with q / 255 >= t.
+
+    So grey level q is positive at threshold k (0-based) iff ``table[q] > k``. The comparison is
+    seism's ``read_one_png``: ``double(q) / 255.0 >= t``, both sides in double precision.
+    """
+    levels = np.arange(GREY_LEVELS, dtype=np.float64) / 255.0
+    return np.searchsorted(np.asarray(thresholds, dtype=np.float64), levels, side="right")
 
 
 def disk(radius: float) -> np.ndarray:
@@ -117,11 +204,14 @@ def edge_image_counts(
 ) -> np.ndarray:
     """[4, T] int64 counts for one image: matched pred, total pred, matched gt, total gt per threshold.
 
-    ``pred`` [H, W] edge probability, ``target`` [H, W] in {0, 1, ignore_index}. Padding
+    ``pred`` [H, W] uint8 grey levels (:func:`quantize_edge`), compared as ``pred / 255 >= t``;
+    ``target`` [H, W] in {0, 1, ignore_index}. Padding
     (``ignore_index``) is removed from both maps. The public code crops the padding off before
     evaluating, so the matching radius is ``max_dist`` × the diagonal of the valid region's
     bounding box, not of the padded array.
     """
+    if pred.dtype != np.uint8:
+        raise TypeError(f"pred: expected uint8 grey levels (see quantize_edge), got dtype {pred.dtype}")
     counts = np.zeros((4, thresholds.size), dtype=np.int64)
     valid = target != ignore_index
     rows, cols = np.flatnonzero(valid.any(axis=1)), np.flatnonzero(valid.any(axis=0))
@@ -133,9 +223,9 @@ def edge_image_counts(
     matcher = BoundaryMatcher(gt, max_dist * math.hypot(*gt.shape))
     counts[TOTAL_GT] = matcher.num_gt
 
-    # level = number of thresholds t <= p, so (p >= thresholds[k]) <=> (level > k). The maps are
-    # nested (shrinking as t grows), so equal pixel counts mean equal maps.
-    level = np.searchsorted(thresholds.astype(pred.dtype), pred, side="right")
+    # level = number of thresholds t <= pred / 255, so (pred / 255 >= thresholds[k]) <=> (level > k).
+    # The maps are nested (shrinking as t grows), so equal pixel counts mean equal maps.
+    level = grey_level_table(thresholds)[pred]
     level[~valid] = 0
     num_above = np.bincount(level.ravel(), minlength=thresholds.size + 1)[::-1].cumsum()[::-1][1:]
     for k in range(thresholds.size):
@@ -163,9 +253,12 @@ def ods_f_per_threshold(
 class EdgeODSF(Metric):
     """Boundary odsF in %, counts pooled over images per threshold (see the module docstring).
 
-    ``update(pred, target)``: ``pred`` edge probability [B, H, W] in [0, 1] (floating),
-    ``target`` [B, H, W] binary boundary map, ``ignore_index`` marking padding. The matching runs
-    per image on the CPU in numpy; the state is four [T] count tensors summed across processes.
+    ``update(pred, target)``: ``pred`` [B, H, W] edge probability in [0, 1] (floating), which is
+    first quantised to the uint8 grey level the public code saves (:func:`quantize_edge`), or
+    those uint8 grey levels themselves (e.g. read from saved PNGs); ``target`` [B, H, W] binary
+    boundary map, ``ignore_index`` marking padding. The quantisation runs on the input's device;
+    the matching runs per image on the CPU in numpy; the state is four [T] count tensors summed
+    across processes.
     """
 
     is_differentiable = False
@@ -192,13 +285,16 @@ class EdgeODSF(Metric):
             self.add_state(name, default=torch.zeros(thresholds, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, pred: Tensor, target: Tensor) -> None:
-        check_floating("pred", pred)
+        if pred.dtype != torch.uint8 and not torch.is_floating_point(pred):
+            raise TypeError(
+                f"pred: expected edge probabilities (floating) or uint8 grey levels, got dtype {pred.dtype}"
+            )
         check_ndim("pred", pred, 3, "[B, H, W]")
         check_same_shape(pred, target)
-        check_probabilities("pred", pred)
+        if pred.dtype != torch.uint8:
+            check_probabilities("pred", pred)
+            pred = quantize_edge(pred.detach())
         check_binary_target(target, self.ignore_index)
-        if pred.dtype == torch.bfloat16:  # numpy has no bfloat16; widening to float32 is exact
-            pred = pred.float()
         pred_np = pred.detach().cpu().numpy()
         target_np = target.detach().cpu().numpy()
         counts = np.zeros((4, self.threshold_values.size), dtype=np.int64)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedmtl.aggregation.flat import parameter_layers
 from fedmtl.models import FCNDecoder, MultiTaskModel, create_encoder
@@ -60,6 +61,68 @@ def test_swin_t_paper_model_at_paper_sizes(dataset, tasks, size):
     assert {t: tuple(o.shape) for t, o in out.items()} == {
         t: (1, get_task(t).channels(dataset), *size) for t in tasks
     }
+
+
+@pytest.mark.parametrize("size", [(512, 512), (448, 576)])
+def test_swin_t_encoder_has_the_public_codes_parameter_count(size):
+    """timm's Swin-T body (27,517,818) plus one LayerNorm per stage, as mmseg's norm0..norm3:
+    27,520,698, the public FedHCA² code's count. From 224 pixels a side up every stage keeps its
+    7×7 windows; smaller inputs shrink timm's relative-position tables (64×64: 27,504,378)."""
+    encoder = create_encoder("swin_t", img_size=size)
+    assert sum(p.numel() for p in encoder.parameters()) == 27_520_698
+    assert sum(p.numel() for p in encoder.body.parameters()) == 27_517_818
+    assert [(n.normalized_shape, n.eps) for n in encoder.norms] == [((c,), 1e-5) for c in (96, 192, 384, 768)]
+    assert [k for k in encoder.state_dict() if not k.startswith("body.")] == [
+        f"norms.{i}.{p}" for i in range(4) for p in ("weight", "bias")
+    ]
+    assert "norm.weight" not in encoder.body.state_dict()  # timm's features body has no final norm
+
+
+def test_other_timm_encoders_get_no_stage_norms():
+    import timm
+
+    from fedmtl.models import DEFAULT_BACKBONE
+
+    encoder = create_encoder()
+    body = timm.create_model(DEFAULT_BACKBONE, features_only=True, out_indices=(-4, -3, -2, -1))
+    assert len(encoder.norms) == 0
+    assert sum(p.numel() for p in encoder.parameters()) == sum(p.numel() for p in body.parameters())
+    assert list(encoder.state_dict()) == [f"body.{k}" for k in body.state_dict()]
+
+
+def test_stage_norms_can_be_asked_for_on_a_cnn_and_normalise_its_nchw_maps():
+    torch.manual_seed(0)
+    encoder = create_encoder("resnet18", stage_norms=True).eval()
+    assert [n.normalized_shape for n in encoder.norms] == [(c,) for c in encoder.channels]
+    with torch.no_grad():
+        features = encoder(torch.randn(1, 3, 64, 64))
+    for f, c in zip(features, encoder.channels, strict=True):
+        assert f.shape[1] == c
+        torch.testing.assert_close(f.mean(1), torch.zeros_like(f.mean(1)), rtol=0, atol=1e-5)
+        torch.testing.assert_close(f.std(1, unbiased=False), torch.ones_like(f.mean(1)), rtol=0, atol=1e-3)
+
+
+def test_swin_stage_outputs_are_normalised_over_channels_at_every_position():
+    """With the norms at their init (weight 1, bias 0) every stage output has mean 0 and std 1
+    over channels at every position, and is layer_norm of the body's raw (unnormalised) map."""
+    torch.manual_seed(0)
+    encoder = create_encoder("swin_t", img_size=(64, 64)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        features = encoder(x)
+        raw = encoder.body(x)
+    assert [tuple(f.shape) for f in features] == [
+        (2, 96, 16, 16),
+        (2, 192, 8, 8),
+        (2, 384, 4, 4),
+        (2, 768, 2, 2),
+    ]
+    for f, r in zip(features, raw, strict=True):
+        torch.testing.assert_close(f.mean(1), torch.zeros_like(f.mean(1)), rtol=0, atol=1e-5)
+        torch.testing.assert_close(f.std(1, unbiased=False), torch.ones_like(f.mean(1)), rtol=0, atol=1e-3)
+        expected = F.layer_norm(r, r.shape[-1:]).permute(0, 3, 1, 2)  # r is channels-last
+        torch.testing.assert_close(f, expected)
+    assert (raw[1].std(-1) - 1).abs().max() > 0.1  # the body alone does not normalise
 
 
 def test_pretrained_weights_load_from_a_local_file(tmp_path):

@@ -1,10 +1,17 @@
 """Encoders: any timm model as a 4-scale feature extractor (strides 4, 8, 16, 32).
 
 The paper uses ImageNet-pretrained Swin-T/S/B; ``PAPER_BACKBONES`` maps its short names to
-timm's. Nothing can be downloaded here, so pretrained weights come from a local file: a
-``.pth``/``.pt``/``.bin`` (``torch.save``) or ``.safetensors`` state dict of the timm model,
-read and matched here (:func:`read_state_dict`, :func:`load_pretrained`), never by timm, so a
-wrong file is one clear error instead of a silent random init.
+timm's. As in the public FedHCA² code (mmsegmentation's Swin), these encoders pass each of their
+four stage outputs through its own LayerNorm over channels (``Encoder.norms``, mmseg's
+``norm0..norm3``): 27,520,698 encoder parameters for Swin-T, timm's 27,517,818 plus
+2·(96+192+384+768). Other timm models get no such norms.
+
+Nothing can be downloaded here, so pretrained weights come from a local file: a
+``.pth``/``.pt``/``.bin`` (``torch.save``) or ``.safetensors`` state dict of the timm model, or
+an mmsegmentation Swin checkpoint (e.g. the UperNet Swin-T ADE20K file the public code starts
+from; converted by ``fedmtl.models.mmseg_swin``), read and matched here
+(:func:`read_state_dict`, :func:`load_pretrained`), never by timm, so a wrong file is one clear
+error instead of a silent random init.
 """
 
 from __future__ import annotations
@@ -17,6 +24,14 @@ from pathlib import Path
 import timm
 import torch
 from torch import nn
+
+from fedmtl.models.mmseg_swin import (
+    MMSEG_PREFIX,
+    fedmtl_key_to_mmseg,
+    from_mmseg_swin,
+    is_mmseg_swin,
+    mmseg_key_map,
+)
 
 PAPER_BACKBONES = {
     "swin_t": "swin_tiny_patch4_window7_224",
@@ -34,21 +49,34 @@ _CLASSIFIER_KEYS: dict[tuple[str, str], frozenset[str]] = {}
 
 
 class Encoder(nn.Module):
-    """Wraps a timm ``features_only`` model; returns NCHW features, finest first."""
+    """Wraps a timm ``features_only`` model; returns NCHW features, finest first.
 
-    def __init__(self, body: nn.Module) -> None:
+    ``stage_norms``: pass each feature map through its own ``nn.LayerNorm(channels)`` over the
+    channel dimension (``self.norms[i]``; an empty ModuleList otherwise). mmsegmentation's Swin,
+    which the public FedHCA² code uses, does this with its ``norm0..norm3`` before the decoders;
+    timm's ``features_only`` Swin applies no norm to any stage output (its classifier's final
+    ``norm`` is dropped with the head).
+    """
+
+    def __init__(self, body: nn.Module, stage_norms: bool = False) -> None:
         super().__init__()
         self.body = body
         self.channels: list[int] = list(body.feature_info.channels())
         self.reductions: list[int] = list(body.feature_info.reduction())
         # Transformers (Swin) hand out channels-last maps; the decoders take NCHW.
         self._channels_last = str(getattr(body, "output_fmt", "NCHW")).endswith("NHWC")
+        self.norms = nn.ModuleList(nn.LayerNorm(c) for c in self.channels) if stage_norms else nn.ModuleList()
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        features = self.body(x)
-        if self._channels_last:
+        features = list(self.body(x))
+        channels_last = self._channels_last
+        if self.norms:  # over channels, on channels-last maps (as mmseg, before its permute)
+            if not channels_last:
+                features, channels_last = [f.permute(0, 2, 3, 1) for f in features], True
+            features = [norm(f) for norm, f in zip(self.norms, features, strict=True)]
+        if channels_last:
             features = [f.permute(0, 3, 1, 2) for f in features]
-        return list(features)
+        return features
 
 
 def create_encoder(
@@ -56,13 +84,19 @@ def create_encoder(
     pretrained_file: str | Path | None = None,
     img_size: tuple[int, int] | None = None,
     pretrained_strict: bool = True,
+    stage_norms: bool | None = None,
     **timm_kwargs,
 ) -> Encoder:
     """Build the encoder of a client model.
 
     ``name`` is a timm model name or one of ``PAPER_BACKBONES``; ``img_size`` is passed to
     models that fix their input size at construction (Swin), e.g. (512, 512) or (448, 576).
+    timm shrinks Swin's 7×7 windows (and their relative-position tables) for stages whose map
+    is smaller than 7, i.e. below 224 pixels a side; mmseg never does, so its checkpoints need
+    ``img_size`` of at least 224 a side (the paper's sizes are).
     ``pretrained_file`` and ``pretrained_strict``: see :func:`load_pretrained`.
+    ``stage_norms``: one LayerNorm per stage output (see :class:`Encoder`); None (default) means
+    True for the paper's Swin models (``PAPER_BACKBONES``, by short or timm name), False for others.
     """
     timm_name = PAPER_BACKBONES.get(name, name)
     if not timm.is_model(timm_name):
@@ -84,7 +118,9 @@ def create_encoder(
     body = timm.create_model(
         timm_name, pretrained=False, features_only=True, out_indices=(-4, -3, -2, -1), **kwargs
     )
-    encoder = Encoder(body)
+    if stage_norms is None:
+        stage_norms = timm_name in PAPER_BACKBONES.values()
+    encoder = Encoder(body, stage_norms=stage_norms)
     if encoder.reductions != [4, 8, 16, 32]:
         raise ValueError(
             f"backbone {name!r} gives features at strides {encoder.reductions}; the FCN decoders need "
@@ -92,7 +128,7 @@ def create_encoder(
         )
     if pretrained_file is not None:
         load_pretrained(
-            body, pretrained_file, timm_name, _classifier_keys(timm_name, kwargs), pretrained_strict
+            encoder, pretrained_file, timm_name, _classifier_keys(timm_name, kwargs), pretrained_strict
         )
     return encoder
 
@@ -204,32 +240,61 @@ def _classifier_keys(timm_name: str, kwargs: dict) -> frozenset[str]:
 
 
 def load_pretrained(
-    body: nn.Module,
+    encoder: Encoder,
     path: str | Path,
     backbone: str,
     model_keys: frozenset[str] = frozenset(),
     strict: bool = True,
 ) -> None:
-    """Copy the tensors of weights file ``path`` into the ``features_only`` ``body``.
+    """Copy the tensors of weights file ``path`` into ``encoder`` (its ``features_only`` body
+    and, for mmseg files, its stage norms).
 
-    The file is the state dict of timm's classification model ``backbone`` or of the body
-    itself: the two name a tensor the same way up to ``.`` vs ``_`` (timm's feature wrapper
+    A timm-format file is the state dict of timm's classification model ``backbone`` or of the
+    body itself: the two name a tensor the same way up to ``.`` vs ``_`` (timm's feature wrapper
     flattens Swin's ``layers.0`` into ``layers_0``). Tensors only the full model has
-    (``model_keys`` minus the body: classifier, final norm) are expected and ignored.
-    ``strict``: every body tensor must be in the file with its shape, else ValueError.
+    (``model_keys`` minus the body: classifier, final norm) are expected and ignored. Such a file
+    has no stage norms (``encoder.norms``): they keep their init (weight 1, bias 0), as mmseg's
+    do when it starts its Swin from an ImageNet checkpoint, and are not counted.
+
+    An mmsegmentation Swin file (``[backbone.]stages.<i>.blocks.`` keys, e.g. the UperNet
+    checkpoint of the public FedHCA² code, weights possibly under ``state_dict``) is converted by
+    ``fedmtl.models.mmseg_swin.from_mmseg_swin`` (key map, patch-merging reorder; heads and the
+    ``relative_position_index`` buffers are ignored); its ``norm0..3`` fill ``encoder.norms``
+    and count like every other tensor. Errors name the file's own (mmseg) keys.
+
+    ``strict``: every encoder tensor (the stage norms only for mmseg files) must be in the file
+    with its shape, else ValueError naming the missing, mismatched and unexpected keys.
     Not ``strict``: the tensors that match are loaded and one line on stderr says how many.
     Either way a file of which nothing matches is a ValueError.
     """
     path = Path(path).expanduser().resolve()
     tensors = read_state_dict(path)
-    own = body.state_dict()
+    own = encoder.state_dict()
+    file_tensors, file_name, prefix = tensors, {}, ""  # file_name: converted name -> the file's
+    mmseg = is_mmseg_swin(tensors)
+    if mmseg:
+        prefix = MMSEG_PREFIX if any(k.startswith(MMSEG_PREFIX + "stages.") for k in tensors) else ""
+        converted = from_mmseg_swin(file_tensors)
+        file_name = {new.removeprefix("body."): old for old, new in mmseg_key_map(file_tensors).items()}
+        tensors = {name.removeprefix("body."): tensor for name, tensor in converted.items()}
+        optional: set[str] = set()
+        layout, hint = " (mmsegmentation Swin layout)", f"an mmsegmentation checkpoint of {backbone!r}'s Swin"
+    else:
+        optional = {k for k in own if k.startswith("norms.")}
+        layout, hint = "", f"the state dict of timm's {backbone!r}"
+
+    def relative(name: str) -> str:  # body tensors by the body's own names, as files have them
+        return name.removeprefix("body.")
+
+    def shown(name: str) -> str:  # an encoder tensor as the file would name it
+        return prefix + fedmtl_key_to_mmseg(name) if mmseg else relative(name)
 
     def canonical(name: str) -> str:
         return name.replace(".", "_")
 
-    by_name = {canonical(k): k for k in own}
-    if len(by_name) != len(own):  # two body names differ only by "." vs "_": match exact names only
-        by_name, canonical = {k: k for k in own}, str
+    by_name = {canonical(relative(k)): k for k in own}
+    if len(by_name) != len(own):  # two names differ only by "." vs "_": match exact names only
+        by_name, canonical = {relative(k): k for k in own}, str
     ignored = {canonical(k) for k in model_keys} - by_name.keys()
     matched: dict[str, torch.Tensor] = {}
     unexpected, mismatched = [], []
@@ -237,23 +302,32 @@ def load_pretrained(
         target = by_name.get(canonical(name))
         if target is None:
             if canonical(name) not in ignored:
-                unexpected.append(name)
+                unexpected.append(file_name.get(name, name))
         elif tensor.shape != own[target].shape:
-            mismatched.append((target, f"{name} {tuple(tensor.shape)} vs {tuple(own[target].shape)}"))
+            mismatched.append(
+                (target, f"{file_name.get(name, name)} {tuple(tensor.shape)} vs {tuple(own[target].shape)}")
+            )
         else:
             matched[target] = tensor
     shape_names = {target for target, _ in mismatched}
     # BatchNorm's step counter is not a weight: files converted from elsewhere often lack it.
     missing = [
-        k for k in own if k not in matched and k not in shape_names and not k.endswith("num_batches_tracked")
+        shown(k)
+        for k in own
+        if k not in matched
+        and k not in shape_names
+        and k not in optional
+        and not k.endswith("num_batches_tracked")
     ]
     total = len(matched) + len(missing) + len(mismatched)
     counts = f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} shape mismatches"
     if not matched:
+        examples = list(file_tensors)
         raise ValueError(
-            f"pretrained weights file {path}: none of its {len(tensors)} tensors fits backbone {backbone!r} "
-            f"(it has e.g. {_examples(list(tensors))}; the backbone has e.g. {_examples(list(own))}); it holds "
-            f"another model's weights: pass the state dict of timm's {backbone!r}, or set pretrained_file to null"
+            f"pretrained weights file {path}{layout}: none of its {len(examples)} tensors fits backbone "
+            f"{backbone!r} (it has e.g. {_examples(examples)}; the backbone has e.g. "
+            f"{_examples([shown(k) for k in own])}); it holds another model's weights: pass {hint}, or "
+            f"set pretrained_file to null"
         )
     if strict and (missing or mismatched):
         details = "; ".join(
@@ -266,16 +340,17 @@ def load_pretrained(
             if names
         )
         raise ValueError(
-            f"pretrained weights file {path} does not fit backbone {backbone!r}: {len(matched)} of {total} "
-            f"tensors match ({counts}; {details}). Pass the state dict of timm's {backbone!r}, or set "
+            f"pretrained weights file {path}{layout} does not fit backbone {backbone!r}: {len(matched)} of "
+            f"{total} tensors match ({counts}; {details}). Pass {hint}, or set "
             f"model.pretrained_strict: false to load only the matching tensors"
         )
-    body.load_state_dict(matched, strict=False)  # what is not in `matched` was counted above
+    encoder.load_state_dict(matched, strict=False)  # what is not in `matched` was counted above
     report = (_file_key(path), backbone)
     if not strict and report not in _REPORTED:
         _REPORTED.add(report)
         print(
-            f"pretrained weights: loaded {len(matched)} of {total} tensors of {backbone} from {path} ({counts})",
+            f"pretrained weights: loaded {len(matched)} of {total} tensors of {backbone} from {path}{layout} "
+            f"({counts})",
             file=sys.stderr,
         )
 

@@ -50,7 +50,8 @@ class ModelConfig:
 
     Attributes:
         backbone: encoder: a timm model name, or swin_t / swin_s / swin_b.
-        pretrained_file: local weights file for the encoder; nothing is downloaded.
+        pretrained_file: local weights file for the encoder, a timm state dict or an mmsegmentation
+            Swin checkpoint (converted on load, fedmtl/models/mmseg_swin.py); nothing is downloaded.
         pretrained_strict: true: every encoder tensor must be in pretrained_file (else an error);
             false: load the tensors of pretrained_file whose names and shapes match and report how many.
         embed_dim: decoder width; null: the encoder's first-scale channels.

@@ -213,6 +213,11 @@ def test_depth_rmse_pools_pixels_and_accepts_channel_dim() -> None:
 
 SIZE = 96
 
+# These tests check the quantisation, thresholding, thinning and matching on the grey levels
+# themselves, so they switch the public structured-edge NMS off (nms=False): the counts are those
+# of the code before the NMS existed. The NMS (default on) is tested in tests/test_edge_nms.py;
+# test_edge_perfect_prediction_is_100 also gives the value with it.
+
 
 def _edge_lines(shift: int = 0) -> torch.Tensor:
     """A horizontal (70 px), a vertical (60 px) and a diagonal (20 px) line, none touching, so all
@@ -227,8 +232,8 @@ def _edge_lines(shift: int = 0) -> torch.Tensor:
     return lines
 
 
-def _odsf(pred: torch.Tensor, target: torch.Tensor, **kwargs) -> EdgeODSF:
-    metric = EdgeODSF(**kwargs)
+def _odsf(pred: torch.Tensor, target: torch.Tensor, nms: bool = False, **kwargs) -> EdgeODSF:
+    metric = EdgeODSF(nms=nms, **kwargs)
     metric.update(pred[None].float(), target[None])
     return metric
 
@@ -240,12 +245,26 @@ def test_edge_perfect_prediction_is_100() -> None:
     # Above 0.8 nothing is predicted: zero matches, but every gt pixel is still counted.
     assert metric.total_pred[85].item() == 0
     assert metric.total_gt[85].item() == int(gt.sum())
+    # With the public NMS (the default): convTri(E, 1) halves the 1-px lines (0.8 -> 0.4, grey
+    # 102) and the NMS suppresses the two end pixels of the horizontal line, (20, 10) and
+    # (20, 79): there the orientation points along the line, where the neighbour is stronger
+    # (0.3 < 0.4). Best thresholds 0.11 ... 0.25: 148 predicted pixels, all matched, of 150 true
+    # ones, P = 1, R = 148/150 -> F = 2·148 / (148 + 150) = 99.33 %. Below 0.11 the fringe past
+    # the line ends (grey 13 and 26) adds unmatched pixels; the diagonal's two end pixels are grey
+    # 64 (0.251), its other pixels and the vertical line's end pixels grey 77 (0.302), so 146
+    # pixels remain from 0.26, 126 (those at grey 102 = 0.4) from 0.31 and none above 0.40.
+    with_nms = _odsf(0.8 * gt, gt, nms=True)
+    assert with_nms.compute().item() == pytest.approx(100 * 2 * 148 / (148 + 150))
+    assert with_nms.matched_pred[10].item() == with_nms.total_pred[10].item() == 148
+    assert with_nms.total_pred[24].item() == 148 and with_nms.total_pred[25].item() == 146
+    assert with_nms.total_pred[29].item() == 146 and with_nms.total_pred[30].item() == 126
+    assert with_nms.total_pred[39].item() == 126 and with_nms.total_pred[40].item() == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_edge_accepts_other_float_dtypes(dtype: torch.dtype) -> None:
     gt = _edge_lines()
-    metric = EdgeODSF()
+    metric = EdgeODSF(nms=False)
     metric.update((0.8 * gt)[None].to(dtype), gt[None])
     assert metric.compute().item() == pytest.approx(100.0)
 
@@ -302,7 +321,7 @@ def test_edge_counts_pool_over_images() -> None:
     gt2[20, 10:80] = 1
     pred2 = torch.zeros(SIZE, SIZE)
     pred2[22, 10:80] = 1
-    metric = EdgeODSF()
+    metric = EdgeODSF(nms=False)
     metric.update(torch.stack([_edge_lines(), pred2]), torch.stack([_edge_lines(), gt2]))
     assert metric.matched_gt[50].item() == 150
     assert metric.total_gt[50].item() == 220

@@ -1,6 +1,7 @@
 """Optimal-dataset-scale F-measure (odsF) for boundary detection.
 
-REFERENCE.md, "Metrics": per image and per threshold t = 0.01 … 0.99, binarise the prediction,
+REFERENCE.md, "Metrics": per image and per threshold t = 0.01 … 0.99, binarise the prediction
+(after the public pipeline's quantisation and non-maximum suppression, points 1 and 3 below),
 thin it, and match predicted boundary pixels to ground-truth boundary pixels one-to-one within
 ``max_dist`` × image diagonal (0.0075 PASCAL-Context, 0.011 NYUD-v2); pool the counts over
 images per threshold; P = matched predicted / predicted, R = matched ground truth / ground
@@ -31,7 +32,7 @@ scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/F
    through a 256-entry table (:func:`grey_level_table`); k / 100 in float64 is the same double
    as ``str2double('0.kk')``. Seism's ``edgesEvalImg`` then thresholds the binary map once more
    at 0.5 (``thrs`` default changed to 1 "because binary images"), which changes nothing.
-3. Non-maximum suppression (NOT implemented: the largest remaining difference). The README of
+3. Non-maximum suppression (implemented, applied by default). The README of
    innovator-zero/MTDP_Lib (same author, same seism fork) and ``evaluation/edge_evaluation.py``
    there and in youngfish42/FMTL-Benchmark run ``nms_process`` (``--nms``) and point seism at
    ``edge/nms/``, not ``edge/img/``. innovator-zero/seism ``nms_process.m``: ``x = png / 255``;
@@ -40,8 +41,12 @@ scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/F
    radius 4, boundary fade 5 px, multiplier 1.01); ``imwrite(uint8(E * 255))`` — MATLAB's
    uint8 rounds, so the grey levels that are finally thresholded are round(255·NMS(…)).
    FedHCA²'s own ``edge_evaluation.py`` is not in the index: assumed to be the same script.
-   fedmtl thresholds the quantised probabilities without NMS (smoothing + NMS would need a
-   faithful port of Piotr's ``convTri``/``edgesNmsMex`` to be comparable).
+   Here: :func:`fedmtl.metrics.edge_nms.structured_edge_nms`, a port of these lines and of
+   Piotr Dollár's ``convTri``, ``gradient2`` and ``edgesNmsMex`` (pdollar/toolbox,
+   pdollar/edges; sources and the remaining float32 approximations in that module's
+   docstring), run per image on the cropped grey levels inside :func:`edge_image_counts`.
+   ``EdgeODSF(nms=False)`` thresholds the quantised probabilities directly, as fedmtl did
+   before.
 4. Thinning (implemented). seism ``src/piotr_edges/edgesEvalImg.m`` (jponttuset/seism; the
    fork's copy is not in the index, assumed unchanged): ``bwmorph(E1, 'thin', inf)`` of each
    binarised prediction, ground truth not thinned; no other morphology. Here:
@@ -104,6 +109,7 @@ from fedmtl.metrics._utils import (
     check_same_shape,
     safe_divide,
 )
+from fedmtl.metrics.edge_nms import structured_edge_nms
 from fedmtl.metrics.thinning import thin
 
 # Rows of the per-image count array returned by edge_image_counts.
@@ -200,7 +206,12 @@ def max_bipartite_matching_size(left: np.ndarray, right: np.ndarray, num_left: i
 
 
 def edge_image_counts(
-    pred: np.ndarray, target: np.ndarray, thresholds: np.ndarray, max_dist: float, ignore_index: int = 255
+    pred: np.ndarray,
+    target: np.ndarray,
+    thresholds: np.ndarray,
+    max_dist: float,
+    ignore_index: int = 255,
+    nms: bool = True,
 ) -> np.ndarray:
     """[4, T] int64 counts for one image: matched pred, total pred, matched gt, total gt per threshold.
 
@@ -208,7 +219,9 @@ def edge_image_counts(
     ``target`` [H, W] in {0, 1, ignore_index}. Padding
     (``ignore_index``) is removed from both maps. The public code crops the padding off before
     evaluating, so the matching radius is ``max_dist`` × the diagonal of the valid region's
-    bounding box, not of the padded array.
+    bounding box, not of the padded array. With ``nms`` (default) the cropped grey levels first
+    go through the public ``nms_process.m`` (:func:`fedmtl.metrics.edge_nms.structured_edge_nms`,
+    which returns grey levels again); without it they are thresholded as they are.
     """
     if pred.dtype != np.uint8:
         raise TypeError(f"pred: expected uint8 grey levels (see quantize_edge), got dtype {pred.dtype}")
@@ -219,6 +232,8 @@ def edge_image_counts(
         return counts  # a fully padded image carries no label
     box = slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1)
     pred, target, valid = pred[box], target[box], valid[box]
+    if nms:
+        pred = structured_edge_nms(np.ascontiguousarray(pred))
     gt = (target == 1) & valid
     matcher = BoundaryMatcher(gt, max_dist * math.hypot(*gt.shape))
     counts[TOTAL_GT] = matcher.num_gt
@@ -255,10 +270,13 @@ class EdgeODSF(Metric):
 
     ``update(pred, target)``: ``pred`` [B, H, W] edge probability in [0, 1] (floating), which is
     first quantised to the uint8 grey level the public code saves (:func:`quantize_edge`), or
-    those uint8 grey levels themselves (e.g. read from saved PNGs); ``target`` [B, H, W] binary
-    boundary map, ``ignore_index`` marking padding. The quantisation runs on the input's device;
-    the matching runs per image on the CPU in numpy; the state is four [T] count tensors summed
-    across processes.
+    those uint8 grey levels themselves (e.g. read from saved PNGs, i.e. FedHCA²'s ``edge/img``,
+    not the ``edge/nms`` output); ``target`` [B, H, W] binary boundary map, ``ignore_index``
+    marking padding. ``nms`` (default True): apply the public structured-edge non-maximum
+    suppression to each image's grey levels before thresholding (module docstring, point 3);
+    False thresholds the grey levels directly. The quantisation runs on the input's device;
+    the NMS and the matching run per image on the CPU in numpy; the state is four [T] count
+    tensors summed across processes.
     """
 
     is_differentiable = False
@@ -271,7 +289,12 @@ class EdgeODSF(Metric):
     total_gt: Tensor
 
     def __init__(
-        self, max_dist: float = 0.0075, thresholds: int = 99, ignore_index: int = 255, **kwargs: Any
+        self,
+        max_dist: float = 0.0075,
+        thresholds: int = 99,
+        ignore_index: int = 255,
+        nms: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not 0 <= max_dist < 1:
@@ -280,6 +303,7 @@ class EdgeODSF(Metric):
             raise ValueError(f"thresholds must be a positive number of thresholds, got {thresholds}")
         self.max_dist = max_dist
         self.ignore_index = ignore_index
+        self.nms = nms
         self.threshold_values = edge_thresholds(thresholds)
         for name in ("matched_pred", "total_pred", "matched_gt", "total_gt"):
             self.add_state(name, default=torch.zeros(thresholds, dtype=torch.long), dist_reduce_fx="sum")
@@ -299,7 +323,9 @@ class EdgeODSF(Metric):
         target_np = target.detach().cpu().numpy()
         counts = np.zeros((4, self.threshold_values.size), dtype=np.int64)
         for p, t in zip(pred_np, target_np):
-            counts += edge_image_counts(p, t, self.threshold_values, self.max_dist, self.ignore_index)
+            counts += edge_image_counts(
+                p, t, self.threshold_values, self.max_dist, self.ignore_index, nms=self.nms
+            )
         counts = torch.from_numpy(counts).to(self.matched_pred.device)
         self.matched_pred += counts[MATCHED_PRED]
         self.total_pred += counts[TOTAL_PRED]

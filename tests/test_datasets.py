@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from scipy import ndimage
 from skimage.morphology import thin
 
 from fedmtl.data import pascal_context
@@ -20,7 +21,7 @@ from fedmtl.data.layout import (
     encode_normals,
 )
 from fedmtl.data.nyud import NYUD
-from fedmtl.data.pascal_context import PascalContext
+from fedmtl.data.pascal_context import PascalContext, label_boundaries, seg2bmap
 from fedmtl.data.transforms import IGNORE
 
 H, W = 32, 40
@@ -251,6 +252,101 @@ def test_pascal_edges_are_thin_label_boundaries(pascal_root):
         assert edge[row, 3:5].sum() == 1 and edge[row, 13:15].sum() == 1
         assert edge[row, 5:13].sum() == 0
     assert not (edge[:-1, :-1] * edge[1:, :-1] * edge[:-1, 1:] * edge[1:, 1:]).any()  # no 2x2 block
+
+
+def matlab_seg2bmap(seg: np.ndarray) -> np.ndarray:
+    """BSDS ``seg2bmap.m`` line by line (output size = input size), MATLAB's zero padding included."""
+    seg = seg.astype(np.float64)
+    e, s, se = np.zeros_like(seg), np.zeros_like(seg), np.zeros_like(seg)
+    e[:, :-1] = seg[:, 1:]
+    s[:-1, :] = seg[1:, :]
+    se[:-1, :-1] = seg[1:, 1:]
+    b = (seg != e) | (seg != s) | (seg != se)
+    b[-1, :] = seg[-1, :] != e[-1, :]
+    b[:, -1] = seg[:, -1] != s[:, -1]
+    b[-1, -1] = False
+    return b
+
+
+def bmap(rows: str) -> np.ndarray:
+    """Rows of "#" (boundary) and "." -> bool map."""
+    return np.array([[c == "#" for c in row] for row in rows.split()], dtype=bool)
+
+
+SEG2BMAP_CASES = {
+    # label change between columns 1 and 2: the line is on the left side, down to the last row
+    "vertical": (np.array([[1, 1, 2, 2]] * 4), bmap(".#.. .#.. .#.. .#..")),
+    # between rows 1 and 2: on the upper side, out to the last column
+    "horizontal": (np.repeat([[1], [1], [2], [2]], 4, axis=1), bmap(".... #### .... ....")),
+    # a staircase: the south-east neighbour makes the corner pixels; the last row compares
+    # east only and the last column south only
+    "diagonal": (np.tril(np.ones((4, 4), int)), bmap("##.. .##. ..## ....")),
+    # one pixel: the pixel, its west, north and north-west neighbours (a 2x2 block)
+    "pixel": (np.pad([[7]], 2), bmap("..... .##.. .##.. ..... .....")),
+    # one pixel in the bottom-right corner: the corner itself is never a boundary
+    "corner": (np.pad([[7]], ((4, 0), (4, 0))), bmap("..... ..... ..... ...## ...#.")),
+    # one pixel in the last row
+    "last-row": (np.pad([[7]], ((4, 0), (2, 2))), bmap("..... ..... ..... .##.. .##..")),
+    # one pixel in the last column
+    "last-column": (np.pad([[7]], ((2, 2), (4, 0))), bmap("..... ...## ...## ..... .....")),
+    # 0 and 255 are labels like any other
+    "zero-255": (np.array([[0, 0, 255], [0, 0, 255]]), bmap(".#. .#.")),
+    "uniform": (np.full((3, 5), 4), np.zeros((3, 5), bool)),
+    "uniform-255": (np.full((3, 5), 255, np.uint8), np.zeros((3, 5), bool)),
+    "one-row": (np.array([[1, 2, 2, 3]]), bmap("#.#.")),
+    "one-column": (np.array([[1], [2], [2], [3]]), bmap("# . # .")),
+    "one-pixel": (np.array([[3]]), np.zeros((1, 1), bool)),
+}
+
+
+@pytest.mark.parametrize("case", SEG2BMAP_CASES)
+def test_seg2bmap_hand_made(case):
+    labels, expected = SEG2BMAP_CASES[case]
+    result = seg2bmap(labels)
+    assert result.dtype == bool and result.shape == labels.shape
+    np.testing.assert_array_equal(result, expected)
+    np.testing.assert_array_equal(result, matlab_seg2bmap(labels))
+
+
+def relabel(labels: np.ndarray) -> np.ndarray:
+    """SEISM ``relabel``: 4-connected regions of equal label, numbered anew."""
+    out, count = np.zeros(labels.shape, np.int64), 0
+    for value in np.unique(labels):
+        regions, n = ndimage.label(labels == value)  # 4-connectivity
+        out[regions > 0] = regions[regions > 0] + count
+        count += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_seg2bmap_matches_matlab_and_ignores_relabelling(seed):
+    rng = np.random.default_rng(seed)
+    h, w = rng.integers(1, 12, size=2)
+    labels = rng.integers(0, 3, size=(h, w)).astype(np.uint16)  # many diagonal contacts
+    result = seg2bmap(labels)
+    np.testing.assert_array_equal(result, matlab_seg2bmap(labels))
+    np.testing.assert_array_equal(seg2bmap(relabel(labels)), result)  # db_gt relabels first
+    assert not seg2bmap(np.zeros((0, 3))).size
+    with pytest.raises(ValueError, match="2-D"):
+        seg2bmap(labels[None])
+
+
+def test_pascal_val_edges_are_seg2bmap_train_edges_unchanged(pascal_root):
+    lm = label_map()
+    train = PascalContext(pascal_root, "train", tasks=["edge"])[0]["edge"]
+    val = PascalContext(pascal_root, "val", tasks=["edge"])[0]["edge"]  # same image "a"
+    assert val.dtype == np.float32 and set(np.unique(val)) == {0.0, 1.0}
+    np.testing.assert_array_equal(val, seg2bmap(lm).astype(np.float32))
+    np.testing.assert_array_equal(train, label_boundaries(lm))
+    assert not np.array_equal(train, val)
+    # evaluation transform: padded (centred) with 255, the original pixels untouched
+    padded = build_dataset("pascal_context", pascal_root, "val", tasks=["edge"], train_size=(H + 8, W + 6))
+    edge = padded[0]["edge"].numpy()
+    assert edge.shape == (H + 8, W + 6)
+    np.testing.assert_array_equal(edge[4 : 4 + H, 3 : 3 + W], seg2bmap(lm).astype(np.float32))
+    inside = np.zeros(edge.shape, bool)
+    inside[4 : 4 + H, 3 : 3 + W] = True
+    assert (edge[~inside] == IGNORE).all()
 
 
 # --------------------------------------------------------------------------- NYUD-v2 labels

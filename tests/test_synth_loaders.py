@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from fedmtl.data.datasets import DATASETS, build_dataset
+from fedmtl.data.layout import read_label_map
+from fedmtl.data.pascal_context import label_boundaries, seg2bmap
 from fedmtl.data.synth import generate, nyud_sample, pascal_sample, sample_rng
 
 SIZE = (48, 64)
@@ -64,3 +66,19 @@ def test_pascal_labels_read_back_as_rendered(data_root):
             assert (parts == 255).all()  # no person: no human-parts label
         edge = sample["edge"].numpy()
         assert edge.any() and set(np.unique(edge)) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_pascal_edges_of_each_split_from_the_label_map(data_root, split):
+    """val: BSDS seg2bmap of the LabelMap on disk (the evaluation ground truth); train: the
+    thinned Laplacian (the training label); both equal to what was rendered."""
+    ds = build_dataset("pascal_context", data_root, split, tasks=["edge"], train_size=SIZE, augment=False)
+    expected = seg2bmap if split == "val" else label_boundaries
+    for index in range(len(ds)):
+        sample = ds[index]
+        label_map = read_label_map(ds.layout.label_map(sample["meta"]["id"]))
+        rendered = pascal_sample(sample_rng("pascal_context", 3, split, index), SIZE)
+        np.testing.assert_array_equal(label_map, rendered.label_map)
+        edge = sample["edge"].numpy()
+        assert edge.any()
+        np.testing.assert_array_equal(edge, np.asarray(expected(label_map), dtype=np.float32))

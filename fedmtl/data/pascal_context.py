@@ -8,7 +8,9 @@ Labels are read as the public FedHCA² loader reads them (``datasets/pascal_cont
 - sal: distilled saliency png / 255 > 0.5;
 - normals: distilled normals decoded to [-1, 1], kept only on context classes that NYUD also
   has (where the teacher network was trained), 255 elsewhere;
-- edge: boundaries of the context LabelMap (4-neighbour Laplacian != 0), thinned.
+- edge: boundaries of the context LabelMap, depending on the split (see :class:`PascalContext`):
+  train: 4-neighbour Laplacian != 0, thinned (the public training label, :func:`label_boundaries`);
+  val: BSDS ``seg2bmap`` (the ground truth of the public SEISM evaluation, :func:`seg2bmap`).
 
 A dataset whose only task is human_parts drops the images without a person (after ``indices``),
 as the public code does, so a single-task parts client trains only on images with people.
@@ -114,6 +116,40 @@ def label_boundaries(label_map: np.ndarray) -> np.ndarray:
     return thin(laplacian != 0).astype(np.float32)
 
 
+def seg2bmap(labels: np.ndarray) -> np.ndarray:
+    """Boundary map of a label map as the BSDS benchmark draws it: 1 px wide, bool [H, W].
+
+    A port of ``seg2bmap.m`` (David Martin, BSDS, 2003; the copy in innovator-zero/seism
+    ``src/misc/seg2bmap.m``, called by ``edgesEvalImg`` on every ground truth), for an output
+    of the input's size (its ``width``/``height`` resampling is then the identity)::
+
+        b = (seg~=e | seg~=s | seg~=se);         % east, south, south-east neighbour
+        b(end,:) = (seg(end,:)~=e(end,:));       % last row: east neighbour only
+        b(:,end) = (seg(:,end)~=s(:,end));       % last column: south neighbour only
+        b(end,end) = 0;                          % bottom-right pixel: never
+
+    so a pixel is a boundary if its label differs from its east, south or south-east
+    neighbour; the line lies on the top/left side of a label change ("offset by 1/2 pixel
+    towards the origin"). The zeros MATLAB pads ``e``/``s``/``se`` with never count: the last
+    row and column are overwritten, in that order, and the corner is cleared (for a single row
+    or column the same rules give: compare along it, last pixel 0). No label value is special:
+    0 and 255 are labels like any other, and nothing is thinned. Any dtype that compares with
+    ``!=`` works (labels of different dtypes compare by value).
+    """
+    seg = np.asarray(labels)
+    if seg.ndim != 2:
+        raise ValueError(f"seg2bmap needs a 2-D label map, got shape {seg.shape}")
+    bmap = np.zeros(seg.shape, dtype=bool)
+    if seg.size == 0:
+        return bmap
+    inner = seg[:-1, :-1]
+    bmap[:-1, :-1] = (inner != seg[:-1, 1:]) | (inner != seg[1:, :-1]) | (inner != seg[1:, 1:])
+    bmap[-1, :-1] = seg[-1, :-1] != seg[-1, 1:]
+    bmap[:-1, -1] = seg[:-1, -1] != seg[1:, -1]
+    bmap[-1, -1] = False
+    return bmap
+
+
 def normals_valid_classes(nyu_classes: object, context_classes: dict[str, int]) -> np.ndarray:
     """Context class ids on which the distilled normals are valid: the NYU classes that
     PASCAL-Context also has, without 'unknown', plus 'tvmonitor' (named differently in NYU)."""
@@ -124,6 +160,32 @@ def normals_valid_classes(nyu_classes: object, context_classes: dict[str, int]) 
 
 
 class PascalContext(DenseDataset):
+    """PASCAL-Context (see the module docstring for how every label is read).
+
+    The edge label depends on the split, on purpose: each split gets the ground truth the
+    public code uses it with.
+
+    - train (and any split other than val): the public *training* label, FedHCA²
+      ``datasets/pascal_context.py`` ``_load_edge``: 4-neighbour Laplacian of the LabelMap
+      != 0, thinned (:func:`label_boundaries`);
+    - val: the public *evaluation* ground truth, innovator-zero/seism
+      ``src/gt_wrappers/db_gt.m`` (``relabel(uint32(LabelMap))``) and ``edgesEvalImg.m``
+      (``seg2bmap`` of every ground truth; jponttuset/seism's copy, the fork's is not in the
+      index): ``seg2bmap(relabel(LabelMap))`` of the same ``pascal-context/trainval/<id>.mat``
+      (:func:`seg2bmap`). ``relabel`` (jponttuset/seism ``src/aux/relabel.m``: 4-connected
+      regions numbered anew) does not change the map: two 4-neighbours keep equal labels
+      either way, and a south-east neighbour only decides a pixel whose east and south
+      neighbours share its label, which connects the two (``uint32`` is the identity on
+      the non-negative integer class ids of a LabelMap). Edge odsF on val therefore scores
+      against the lines SEISM scores against.
+
+    Both are {0, 1} float32 maps and go through the same transforms: the validation
+    transform only normalises and pads (padding 255 = ignored, which
+    :class:`fedmtl.metrics.edge.EdgeODSF` crops off); a val dataset built with
+    ``augment=True`` still carries ``seg2bmap`` lines. The split is the one given to
+    :func:`fedmtl.data.datasets.build_dataset` (``self.split``).
+    """
+
     name = "pascal_context"
     title = "PASCAL-Context"
     tasks_available = ("semseg", "human_parts", "sal", "normals", "edge")
@@ -159,6 +221,12 @@ class PascalContext(DenseDataset):
         if "normals" in self.tasks or "edge" in self.tasks:
             yield "LabelMap (for edge / normals)", (layout.label_map(image_id),)
 
+    def edge_label(self, label_map: np.ndarray) -> np.ndarray:
+        """The edge label of this split from a LabelMap, {0, 1} float32 (see the class docstring)."""
+        if self.split == "val":
+            return seg2bmap(label_map).astype(np.float32)
+        return label_boundaries(label_map)
+
     def _load(self, image_id: str) -> Sample:
         layout = self.layout
         image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
@@ -184,7 +252,7 @@ class PascalContext(DenseDataset):
             normals[~np.isin(label_map, self.normals_classes)] = IGNORE
             sample["normals"] = normals
         if "edge" in self.tasks:
-            sample["edge"] = label_boundaries(label_map)
+            sample["edge"] = self.edge_label(label_map)
         for task in self.tasks:
             if sample[task].shape[:2] != shape:
                 raise ValueError(f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {shape}")

@@ -13,7 +13,8 @@ agree with each other and with the image:
 
 * semseg: the class of the object hit by each pixel's ray (VOC-21 / NYU-40);
 * edges: boundaries between objects (NYUD: 2 px, one on each side; PASCAL: the loader takes
-  the boundaries of the context ``LabelMap``, whose classes are per object);
+  the boundaries of the context ``LabelMap``, whose classes are per object: thinned Laplacian
+  for train, BSDS ``seg2bmap`` for val);
 * normals: of the surface hit, in camera coordinates: x right, y up, z toward the camera,
   unit length, n . ray < 0; the sky gets (0, 0, 1), which the loader masks out anyway;
 * depth (NYUD): planar depth in metres, with Kinect-like holes (0) beside near objects and on glass;

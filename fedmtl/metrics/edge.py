@@ -51,17 +51,19 @@ scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/F
    fork's copy is not in the index, assumed unchanged): ``bwmorph(E1, 'thin', inf)`` of each
    binarised prediction, ground truth not thinned; no other morphology. Here:
    :func:`fedmtl.metrics.thinning.thin` (the same algorithm).
-5. Ground truth (NOT reproduced; documented). innovator-zero/seism ``src/gt_wrappers/db_gt.m``:
+5. Ground truth (PASCAL-Context reproduced; NYUD documented). innovator-zero/seism ``src/gt_wrappers/db_gt.m``:
    PASCAL-Context ``LabelMap`` from ``pascal-context/trainval/<id>.mat``, relabelled, and
    ``edgesEvalImg`` turns it into boundaries with BSDS ``seg2bmap`` (a pixel is a boundary if
    its label differs from its east, south or south-east neighbour; last row/column compare one
    neighbour; 1 px wide, offset half a pixel towards the origin; not thinned further). NYUD:
    ``groundTruth{1}.Boundaries`` from ``NYUDv2/edge_mat/<id>.mat`` (a directory the dataset
    layout of REFERENCE.md does not have), also passed through ``seg2bmap``. fedmtl scores
-   against the target the data loader gives: PASCAL-Context 4-neighbour Laplacian of the
-   LabelMap != 0, thinned (FedHCA² ``datasets/pascal_context.py`` ``_load_edge``, its
-   training label); NYUD ``edge/<id>.png`` / 255 (FedHCA² ``datasets/nyud.py``). Whether the
-   NYUD png equals the .mat boundaries: not found.
+   against the target the data loader gives for the validation split: PASCAL-Context
+   ``seg2bmap`` of the LabelMap (:func:`fedmtl.data.pascal_context.seg2bmap`, as SEISM; the
+   training split keeps the public training label, the 4-neighbour Laplacian of the LabelMap
+   != 0, thinned: FedHCA² ``datasets/pascal_context.py`` ``_load_edge``); NYUD
+   ``edge/<id>.png`` / 255 (FedHCA² ``datasets/nyud.py``), not SEISM's ``edge_mat``. Whether
+   the NYUD png equals the .mat boundaries: not found.
 6. Ignored pixels. Public: none; ``predict`` crops the padding so every pixel of the original
    image counts, and the radius is ``maxDist`` × the original image's diagonal. Here: the
    ``ignore_index`` padding is removed by cropping to the valid region's bounding box (below),

@@ -7,6 +7,7 @@
     fedmtl fit --config configs/demo.yaml --print_config     # the full resolved config
     fedmtl validate --run_dir runs/demo                      # evaluate a run's latest checkpoint
     fedmtl data synth --dataset nyud --root data/NYUDv2      # a synthetic dataset in the real layout
+    fedmtl configs                                           # the bundled configs; --config NAME finds them
 
 Every field of the scenario config (``fedmtl.config.RunConfig``) can be set in the YAML file
 or on the command line (``--rounds 3``, ``--evaluation.every 2``, ``--algorithm FedAvg``).
@@ -47,16 +48,32 @@ class ArgumentParser(_ArgumentParser):
         sys.exit(2)
 
 
-def _check_config_files(argv: list[str]) -> None:
-    """Every ``--config FILE`` exists and is valid YAML, or one line names the file and the line."""
+def _check_config_files(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--config NAME`` (or ``--config=NAME``) as a path to an existing,
+    valid YAML file: NAME itself when it is a file, else the bundled config of that relative
+    name or of that (unique) base name (``fedmtl.bundled``); otherwise one line names it."""
     import yaml
 
-    for flag, value in zip(argv, argv[1:]):
-        if flag != "--config":
+    from fedmtl import bundled
+
+    out = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            value = arg[len("--config=") :]
+        elif i > 0 and argv[i - 1] == "--config":
+            value = arg
+        else:
             continue
         path = Path(value)
         if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found (--config takes a scenario YAML file)")
+            name = bundled.find(value)
+            if name is None:
+                raise FileNotFoundError(
+                    f"config file {value} not found: no such file and no bundled config of that name "
+                    "(`fedmtl configs` lists them; --config takes a scenario YAML file)"
+                )
+            path = Path(bundled.path(name))
+        out[i] = f"--config={path}" if arg.startswith("--config=") else str(path)
         try:
             yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
@@ -64,6 +81,33 @@ def _check_config_files(argv: list[str]) -> None:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"config file {path}: YAML syntax error{where}: {problem}") from None
+    return out
+
+
+def _add_configs_command(commands: Any) -> None:
+    """``fedmtl configs`` lists the bundled configs; ``fedmtl configs show NAME`` prints one."""
+    parser = ArgumentParser(description="The scenario configs that ship with fedmtl (--config NAME).")
+    commands.add_subcommand("configs", parser, help="list the bundled configs (configs show NAME prints one)")
+    show = ArgumentParser(description="Print a bundled config.")
+    show.add_argument("name", help="a name as `fedmtl configs` lists it, or its base name")
+    parser.add_subcommands(dest="configs_command", required=False).add_subcommand(
+        "show", show, help="print a bundled config"
+    )
+
+
+def _configs(args: Namespace) -> None:
+    from fedmtl import bundled
+
+    if args.configs_command != "show":
+        names = bundled.names()
+        width = max(map(len, names))
+        for name in names:
+            print(f"{name.ljust(width)}  {bundled.description(name)}".rstrip())
+        return
+    name = bundled.find(args.show.name)
+    if name is None:
+        raise FileNotFoundError(f"no bundled config named {args.show.name} (`fedmtl configs` lists them)")
+    print(bundled.text(name), end="")
 
 
 def synth(
@@ -135,6 +179,7 @@ def _parser() -> ArgumentParser:
     synth_parser = ArgumentParser(description="Write a synthetic dataset in the real on-disk layout.")
     synth_parser.add_function_arguments(synth)
     data_commands.add_subcommand("synth", synth_parser, help="generate a synthetic dataset")
+    _add_configs_command(commands)
     return parser
 
 
@@ -326,7 +371,7 @@ def _evaluate(args: Namespace, command: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        _check_config_files(argv)
+        argv = _check_config_files(argv)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -339,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             _evaluate(args[args.command], args.command)
         elif args.command == "data" and args.data.data_command == "synth":
             synth(**args.data.synth.as_dict())
+        elif args.command == "configs":
+            _configs(args.configs)
     except (FileNotFoundError, ValueError, KeyError) as err:
         from fedmtl.federated.health import RunStopped
 

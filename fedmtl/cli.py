@@ -8,6 +8,8 @@
     fedmtl validate --run_dir runs/demo                      # evaluate a run's latest checkpoint
     fedmtl data synth --dataset nyud --root data/NYUDv2      # a synthetic dataset in the real layout
     fedmtl configs                                           # the bundled configs; --config NAME finds them
+    fedmtl data check --root data                            # the datasets a data root holds, file by file
+    fedmtl data prepare PASCALContext.tar.gz NYUDv2.tar.gz --root data   # unpack the downloaded archives
 
 Every field of the scenario config (``fedmtl.config.RunConfig``) can be set in the YAML file
 or on the command line (``--rounds 3``, ``--evaluation.every 2``, ``--algorithm FedAvg``).
@@ -180,6 +182,19 @@ def _parser() -> ArgumentParser:
     synth_parser.add_function_arguments(synth)
     data_commands.add_subcommand("synth", synth_parser, help="generate a synthetic dataset")
     _add_configs_command(commands)
+    root_help = "data root holding PASCALContext/ and NYUDv2/ (default: $FEDMTL_DATA, else ./data)"
+    check_parser = ArgumentParser(description="Check the datasets of a data root (fedmtl.data.check).")
+    check_parser.add_argument("--root", type=str | None, default=None, help=root_help)
+    check_parser.add_argument(
+        "--dataset", type=str | None, default=None, help="pascal_context or nyud (default: those found)"
+    )
+    data_commands.add_subcommand("check", check_parser, help="check the datasets of a data root")
+    prepare_parser = ArgumentParser(description="Unpack downloaded dataset archives (fedmtl.data.prepare).")
+    prepare_parser.add_argument(
+        "archives", type=str, nargs="+", metavar="ARCHIVE", help=".tar, .tar.gz/.tgz or .zip files"
+    )
+    prepare_parser.add_argument("--root", type=str | None, default=None, help=root_help)
+    data_commands.add_subcommand("prepare", prepare_parser, help="unpack dataset archives and check them")
     return parser
 
 
@@ -386,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
             synth(**args.data.synth.as_dict())
         elif args.command == "configs":
             _configs(args.configs)
+        elif args.command == "data" and args.data.data_command == "check":
+            from fedmtl.data.check import check_command
+
+            check_command(args.data.check.root, args.data.check.dataset, progress=_terminal())
+        elif args.command == "data" and args.data.data_command == "prepare":
+            from fedmtl.data.prepare import prepare_command
+
+            prepare_command(args.data.prepare.archives, args.data.prepare.root, progress=_terminal())
     except (FileNotFoundError, ValueError, KeyError) as err:
         from fedmtl.federated.health import RunStopped
 

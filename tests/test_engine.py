@@ -124,6 +124,9 @@ def test_a_missing_dataset_names_its_folder_and_the_command_that_writes_it(tmp_p
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith("error: nyud training split not found")
     assert f"fedmtl data synth --dataset nyud --root {tmp_path / 'empty' / 'NYUDv2'}" in first
+    assert f"check it with: fedmtl data check --root {tmp_path / 'empty'}" in first
+    assert "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2)" in first
+    assert f"fedmtl data prepare ARCHIVE... --root {tmp_path / 'empty'}" in first
     assert "make demo" not in first
     assert not (tmp_path / "r").exists()
 

@@ -368,6 +368,7 @@ def test_a_corrupt_image_is_named_before_the_run_starts(tmp_path, data_root, cap
     config = tiny_config(tmp_path, data)
     (line,) = refused_keeping(_fit_args(config, tmp_path / "run"), tmp_path, capsys)
     assert str(image) in line and "cannot be read" in line
+    assert f"check it with: fedmtl data check --root {data}" in line
 
 
 def test_too_few_training_images_for_the_clients_is_refused(tmp_path, data_root, capsys):

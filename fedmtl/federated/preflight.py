@@ -13,6 +13,7 @@ import os
 import torch
 
 from fedmtl.config import RunConfig
+from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.data.layout import read_split
 from fedmtl.federated.client import ClientModule, ClientSpec
@@ -61,10 +62,12 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
         val = DATASETS.get(name).split_file(root, "val")
         if not val.is_file():
             raise FileNotFoundError(
-                f"{name} validation split not found: {val} (every client is evaluated on it)"
+                f"{name} validation split not found: {val} (every client is evaluated on it); {check_hint(root)}"
             )
         if not read_split(val):
-            raise ValueError(f"{name} validation split {val} lists no image: every client is evaluated on it")
+            raise ValueError(
+                f"{name} validation split {val} lists no image: every client is evaluated on it; {check_hint(root)}"
+            )
     for spec in specs:
         if len(spec.train_indices) < spec.batch_size:
             raise ValueError(
@@ -76,16 +79,22 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
     for spec in {(s.dataset, s.tasks): s for s in specs}.values():
         img_size = tuple(size or DATASETS.get(spec.dataset).train_size)
         for split in ("train", "val"):
-            dataset = build_dataset(
-                spec.dataset, root, split, tasks=spec.tasks, train_size=img_size,
-                indices=spec.train_indices if split == "train" else None,
-            )  # fmt: skip
+            try:
+                dataset = build_dataset(
+                    spec.dataset, root, split, tasks=spec.tasks, train_size=img_size,
+                    indices=spec.train_indices if split == "train" else None,
+                )  # fmt: skip
+            except FileNotFoundError as err:  # a file of the split is missing (named)
+                raise FileNotFoundError(f"{err}; {check_hint(root)}") from None
             if len(dataset) == 0:
                 raise ValueError(
                     f"client {spec.name}: its {split} part of {spec.dataset} has no image with labels for "
                     f"{', '.join(spec.tasks)}; use fewer clients or a larger dataset"
                 )
-            dataset[0]  # the first sample reads (errors name the file)
+            try:
+                dataset[0]  # the first sample reads (errors name the file)
+            except ValueError as err:
+                raise ValueError(f"{err}; {check_hint(root)}") from None
         _check_model(cfg, spec, img_size)
     return specs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedmtl.config import RunConfig
+from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, one_line
 from fedmtl.data.layout import read_split
 from fedmtl.data.partition import partition_clients
@@ -31,7 +32,7 @@ def train_split_size(cfg: RunConfig, dataset: str) -> int:
         raise FileNotFoundError(
             f"{dataset} training split not found: {split_file}. Point data.root (or $FEDMTL_DATA) at the "
             f"folder holding {spec.root_folder}/, or write synthetic data there: {synth_command(cfg, dataset)} "
-            f"(expected layout: {one_line(spec.dataset_class.tree)})"
+            f"(expected layout: {one_line(spec.dataset_class.tree)}); {check_hint(cfg.data.resolved_root())}"
         )
     return len(read_split(split_file))
 

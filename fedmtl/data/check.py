@@ -1,0 +1,409 @@
+"""``fedmtl data check``: does a data root hold PASCAL-Context / NYUD-v2 as fedmtl reads them?
+
+    fedmtl data check                          # the data root fedmtl fit reads ($FEDMTL_DATA, else ./data)
+    fedmtl data check --root /data --dataset nyud
+
+For every dataset (by default: those whose folder is in the root, or both when neither is), it
+checks the split files, counts the images listed against the public release (a different
+count is a note: a subset is usable), and reads every file each task needs for every listed
+image through the readers the loaders use (:mod:`fedmtl.data.layout`,
+:func:`~fedmtl.data.pascal_context.human_parts_label`): present, readable, and of its image's
+size. A table goes to stdout, then the first problems of each dataset by file name.
+
+What is read, so that 10k images take seconds rather than minutes: the size of every image
+and png label from its header (PIL ``Image.open(...).size``); every png's chunks are walked
+and their checksums verified (``Image.verify``, no decoding) and every JPEG is decoded at
+1/8 scale (``draft``), which catches truncated files; ``.mat`` files are loaded whole (the
+loaders need their content); ``.npy`` depth is memory-mapped (header and length).
+
+:func:`check_command` prints the report and raises ``ValueError`` (one ``error:`` line from
+the CLI, exit 1) when anything a loader needs is missing or unreadable, or a label's size is
+not its image's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from fedmtl.data.datasets import DATASETS
+from fedmtl.data.layout import (
+    SPLITS,
+    NYUDLayout,
+    PascalContextLayout,
+    read_label_map,
+    read_part_annotations,
+    read_split,
+)
+from fedmtl.data.pascal_context import human_parts_label
+
+# Images per split of the public releases (REFERENCE.md, "Datasets on disk").
+PUBLIC_COUNTS = {"pascal_context": {"train": 4998, "val": 5105}, "nyud": {"train": 795, "val": 654}}
+SHOWN_PROBLEMS = 5  # per dataset
+ARCHIVES = "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2)"
+
+
+def check_hint(root: str | Path) -> str:
+    """The end of a missing-data error: how to check the root and where the data comes from."""
+    return (
+        f"check it with: fedmtl data check --root {root}; the public code's datasets are {ARCHIVES}, "
+        f"which fedmtl data prepare ARCHIVE... --root {root} unpacks there"
+    )
+
+
+@dataclass(frozen=True)
+class Problem:
+    split: str  # "" for a file the dataset needs once (e.g. a class table)
+    what: str  # "image", a task name, "split file", ...
+    path: Path
+    reason: str  # "missing", "unreadable (...)", "size 30x32, image 32x32"
+
+    def __str__(self) -> str:
+        where = f"{self.split} {self.what}" if self.split else self.what
+        return f"{where}: {self.path}: {self.reason}"
+
+
+@dataclass
+class SplitReport:
+    split: str
+    listed: int | None  # ids in the split file; None: no split file
+    public: int
+    ok: dict[str, int] = field(default_factory=dict)  # "image" or task -> images whose files are fine
+    bad: dict[str, int] = field(default_factory=dict)  # "image" or task -> images with a problem
+
+
+@dataclass
+class DatasetReport:
+    name: str
+    title: str
+    folder: Path
+    columns: tuple[str, ...]  # "image" and the tasks
+    splits: list[SplitReport] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _Bad(Exception):
+    """One file's problem: its path and the reason (missing / unreadable / wrong size)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path, self.reason = path, reason
+
+
+def _unreadable(path: Path, err: BaseException) -> _Bad:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return _Bad(path, f"unreadable ({type(err).__name__}{': ' + detail if detail else ''})")
+
+
+def _read(path: Path, reader: Callable[[Path], object]):
+    if not path.is_file():
+        raise _Bad(path, "missing")
+    try:
+        return reader(path)
+    except _Bad:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever PIL / scipy / numpy raise: the file is bad
+        raise _unreadable(path, err) from None
+
+
+def _picture_size(path: Path) -> tuple[int, int]:
+    """(height, width) of a png / jpeg from its header; the file is walked (png checksums) or
+    decoded at 1/8 scale (jpeg), so a truncated or corrupt file is caught without a full decode."""
+    with Image.open(path) as im:
+        width, height = im.size
+        if im.format == "JPEG":
+            im.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+            im.load()
+        else:
+            im.verify()
+    return height, width
+
+
+def _same_size(path: Path, shape: tuple[int, ...], image: tuple[int, int] | None) -> None:
+    if image is not None and tuple(shape[:2]) != image:
+        size = "x".join(map(str, shape[:2])) if len(shape) >= 2 else f"shape {tuple(shape)}"
+        raise _Bad(path, f"size {size}, image {image[0]}x{image[1]}")
+
+
+def _depth_shape(path: Path) -> tuple[int, ...]:
+    shape = np.load(path, mmap_mode="r").shape
+    if len(shape) < 2:
+        raise _Bad(path, f"unreadable (depth of shape {shape}, expected [H, W])")
+    return shape
+
+
+# A per-image check: (layout, image id, image size or None) -> task -> problem (None: fine).
+ImageCheck = Callable[[object, str, "tuple[int, int] | None"], "dict[str, _Bad | None]"]
+
+
+def _run(checks: dict[str, Callable[[], None]]) -> dict[str, _Bad | None]:
+    out: dict[str, _Bad | None] = {}
+    for task, check in checks.items():
+        try:
+            check()
+            out[task] = None
+        except _Bad as bad:
+            out[task] = bad
+    return out
+
+
+def _png_label(path: Path, image: tuple[int, int] | None) -> None:
+    _same_size(path, _read(path, _picture_size), image)
+
+
+def _pascal_checks(layout: PascalContextLayout, i: str, image: tuple[int, int] | None) -> dict:
+    label_map: dict[str, object] = {}
+
+    def the_label_map() -> None:  # edge and normals need it: read once
+        if "result" not in label_map:
+            try:
+                path = layout.label_map(i)
+                _same_size(path, _read(path, read_label_map).shape, image)
+                label_map["result"] = None
+            except _Bad as bad:
+                label_map["result"] = bad
+        if label_map["result"] is not None:
+            raise label_map["result"]
+
+    def semseg() -> None:
+        candidates = layout.semseg_candidates(i)
+        _png_label(next((p for p in candidates if p.is_file()), candidates[0]), image)
+
+    def human_parts() -> None:
+        path = layout.human_parts(i)
+        objects = _read(path, read_part_annotations)
+        for obj in objects:
+            _same_size(path, obj.mask.shape, image)
+        if image is not None:
+            _read(path, lambda p: human_parts_label(objects, image, p))  # unknown part names
+
+    def normals() -> None:
+        _png_label(layout.normals(i), image)
+        the_label_map()
+
+    return _run(
+        {
+            "semseg": semseg,
+            "human_parts": human_parts,
+            "sal": lambda: _png_label(layout.sal(i), image),
+            "normals": normals,
+            "edge": the_label_map,
+        }
+    )
+
+
+def _pascal_meta(layout: PascalContextLayout) -> list[tuple[str, _Bad]]:
+    """The class tables the normals loader reads once."""
+    problems = []
+    for name in ("nyu_classes", "context_classes"):
+        try:
+            _read(layout.json(name), lambda p: json.loads(p.read_text()))
+        except _Bad as bad:
+            problems.append(("normals", bad))
+    return problems
+
+
+def _nyud_checks(layout: NYUDLayout, i: str, image: tuple[int, int] | None) -> dict:
+    def depth() -> None:
+        path = layout.depth(i)
+        _same_size(path, _read(path, _depth_shape), image)
+
+    return _run(
+        {
+            "semseg": lambda: _png_label(layout.semseg(i), image),
+            "normals": lambda: _png_label(layout.normals(i), image),
+            "edge": lambda: _png_label(layout.edge(i), image),
+            "depth": depth,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class _Checker:
+    layout_class: type
+    image_checks: Callable
+    meta_checks: Callable = lambda layout: []
+
+
+_CHECKERS = {
+    "pascal_context": _Checker(PascalContextLayout, _pascal_checks, _pascal_meta),
+    "nyud": _Checker(NYUDLayout, _nyud_checks),
+}
+
+
+def _check_image(layout, checker: _Checker, i: str) -> tuple[_Bad | None, dict[str, _Bad | None]]:
+    try:
+        size = _read(layout.image(i), _picture_size)
+        image_problem = None
+    except _Bad as bad:
+        size, image_problem = None, bad
+    return image_problem, checker.image_checks(layout, i, size)
+
+
+def dataset_folder(name: str, root: Path) -> Path:
+    """The folder of dataset ``name`` in ``root``, or ``root`` itself when it is that folder."""
+    folder = DATASETS.get(name).root_folder
+    return root if root.name == folder and not (root / folder).is_dir() else root / folder
+
+
+def found_datasets(root: Path) -> list[str]:
+    """The datasets whose folder is in ``root`` (or that ``root`` is)."""
+    return [name for name in DATASETS.names() if dataset_folder(name, root).is_dir()]
+
+
+def check_dataset(
+    name: str, root: str | Path, progress: bool = False, workers: int | None = None
+) -> DatasetReport:
+    """Check dataset ``name`` in the data root ``root`` (or ``root`` is its folder)."""
+    spec = DATASETS.get(name)
+    checker = _CHECKERS[name]
+    folder = dataset_folder(name, Path(root))
+    report = DatasetReport(name, spec.dataset_class.title, folder, ("image", *spec.tasks))
+    if not folder.is_dir():
+        report.problems.append(Problem("", "dataset folder", folder, "missing"))
+        return report
+    layout = checker.layout_class(folder)
+    for what, bad in checker.meta_checks(layout):
+        report.problems.append(Problem("", what, bad.path, bad.reason))
+    workers = max(1, min(8, os.cpu_count() or 1)) if workers is None else max(1, workers)
+    for split in SPLITS:
+        split_file = layout.split_file(split)
+        row = SplitReport(split, None, PUBLIC_COUNTS[name][split])
+        report.splits.append(row)
+        if not split_file.is_file():
+            report.problems.append(Problem(split, "split file", split_file, "missing"))
+            continue
+        try:
+            ids = read_split(split_file)
+        except (OSError, UnicodeDecodeError) as err:
+            bad = _unreadable(split_file, err)
+            report.problems.append(Problem(split, "split file", split_file, bad.reason))
+            continue
+        row.listed = len(ids)
+        if not ids:
+            report.problems.append(Problem(split, "split file", split_file, "lists no image"))
+        if len(set(ids)) != len(ids):
+            report.notes.append(f"{split}: {len(ids) - len(set(ids))} ids are listed more than once")
+        if len(ids) != row.public:
+            report.notes.append(
+                f"{split}: {len(ids):,} images listed, the public release has {row.public:,} "
+                "(a subset is usable: fedmtl reads the images listed)"
+            )
+        row.ok = dict.fromkeys(report.columns, 0)
+        row.bad = dict.fromkeys(report.columns, 0)
+        seen: set[Path] = set()  # a file two tasks need (the LabelMap) is listed once
+        pool = ThreadPoolExecutor(workers)
+        try:
+            bar = tqdm(total=len(ids), desc=f"check {name} {split}", unit="img", disable=not progress)
+            for image_problem, tasks in pool.map(lambda i: _check_image(layout, checker, i), ids):
+                bar.update()
+                for what, bad in (("image", image_problem), *tasks.items()):
+                    if bad is None:
+                        row.ok[what] += 1
+                        continue
+                    row.bad[what] += 1
+                    if bad.path not in seen:
+                        seen.add(bad.path)
+                        report.problems.append(Problem(split, what, bad.path, bad.reason))
+            bar.close()
+        finally:  # on Ctrl-C, the images not read yet are dropped rather than waited for
+            pool.shutdown(cancel_futures=True)
+    return report
+
+
+def check_data(
+    root: str | Path,
+    datasets: Sequence[str] | None = None,
+    progress: bool = False,
+    workers: int | None = None,
+) -> list[DatasetReport]:
+    """Check ``datasets`` (default: those found in ``root``, or all when none is)."""
+    root = Path(root)
+    if datasets is None:
+        datasets = found_datasets(root) or DATASETS.names()
+    return [check_dataset(name, root, progress, workers) for name in datasets]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _cell(row: SplitReport, column: str) -> str:
+    if row.listed is None:
+        return "-"
+    ok, bad = row.ok.get(column, 0), row.bad.get(column, 0)
+    return f"{ok:,} ok / {bad:,} bad" if bad else f"{ok:,} ok"
+
+
+def format_report(reports: Iterable[DatasetReport]) -> str:
+    """One table per dataset (split, images listed / public, per column: ok / bad), its notes
+    and its first problems by file name."""
+    blocks = []
+    for r in reports:
+        lines = [f"{r.title} ({r.name}) in {r.folder}"]
+        if r.splits:
+            rows = [["dataset", "split", "images (listed / public)", *r.columns]]
+            for s in r.splits:
+                listed = "no split file" if s.listed is None else f"{s.listed:,}"
+                rows.append([r.name, s.split, f"{listed} / {s.public:,}", *(_cell(s, c) for c in r.columns)])
+            lines += _table(rows)
+        lines += [f"note: {note}" for note in r.notes]
+        if r.problems:
+            lines.append(f"problems ({len(r.problems):,}):")
+            lines += [f"  {p}" for p in r.problems[:SHOWN_PROBLEMS]]
+            if len(r.problems) > SHOWN_PROBLEMS:
+                lines.append(f"  ... and {len(r.problems) - SHOWN_PROBLEMS:,} more")
+        else:
+            lines.append("ok: every file the loaders read is present, readable and of its image's size")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def raise_on_problems(
+    reports: Sequence[DatasetReport], root: str | Path, doing: str = "data check found"
+) -> None:
+    """One ValueError summing up the problems of ``reports`` (listed above it), if any."""
+    bad = [r for r in reports if r.problems]
+    if not bad:
+        return
+    count = sum(len(r.problems) for r in bad)
+    where = ", ".join(f"{r.title} {len(r.problems):,}" for r in bad)
+    first = bad[0].problems[0]
+    raise ValueError(
+        f"{doing} {count:,} problem(s) in {root} ({where}; listed above), first: {first}. Replace the "
+        f"missing or broken files (unpack {ARCHIVES} with: fedmtl data prepare ARCHIVE... --root {root}), "
+        "or remove their ids from the split files"
+    )
+
+
+def check_command(root: str | Path | None, dataset: str | None, progress: bool) -> None:
+    """``fedmtl data check``: print the report; ValueError when a loader would fail."""
+    if root is None:
+        from fedmtl.config import DataConfig
+
+        root = DataConfig().resolved_root()
+    if dataset is not None and dataset not in DATASETS:
+        raise ValueError(f"--dataset: unknown dataset {dataset!r}; known: {', '.join(DATASETS.names())}")
+    if not Path(root).is_dir():
+        raise FileNotFoundError(
+            f"data root {root} not found: --root (or $FEDMTL_DATA) must be the folder holding PASCALContext/ "
+            f"and NYUDv2/; to get them: unpack {ARCHIVES} with: fedmtl data prepare ARCHIVE... --root {root}"
+        )
+    reports = check_data(root, None if dataset is None else [dataset], progress=progress)
+    print(format_report(reports))
+    raise_on_problems(reports, root)

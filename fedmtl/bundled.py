@@ -82,8 +82,19 @@ def text(name: str) -> str:
 
 
 def description(name: str) -> str:
-    """The first comment line of a bundled config, without the ``#``."""
+    """The first sentence of a bundled config's opening comment, without the ``#``: its
+    comment lines joined until one ends a sentence (configs wrap their first sentence)."""
+    words: list[str] = []
     for line in text(name).splitlines():
-        if line.lstrip().startswith("#"):
-            return line.lstrip().lstrip("#").strip()
-    return ""
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            if words:
+                break
+            continue
+        comment = stripped.lstrip("#").strip()
+        if not comment:
+            break
+        words.append(comment)
+        if comment.endswith((".", ":")):
+            break
+    return " ".join(words).rstrip(":")

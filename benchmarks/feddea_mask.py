@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from methods import interleaved  # benchmarks/methods.py: the same turn-taking timer
 
 from fedmtl.aggregation import feddea_k, feddea_mask
 
@@ -38,20 +37,6 @@ def topk_reference(updates: torch.Tensor, rho: float) -> torch.Tensor:
     return out
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of ``repeats`` calls of each function, taken in turns after a warm-up."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(repeats + 1):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            result = fn()
-            seconds = time.perf_counter() - start
-            del result
-            if i:
-                times[name].append(seconds)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rho", type=float, default=0.25)
@@ -66,7 +51,7 @@ def main() -> None:
         updates = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 1e-3
         if not torch.equal(feddea_mask(updates, args.rho), topk_reference(updates, args.rho)):
             raise SystemExit(f"{label}: feddea_mask differs from the topk reference")
-        times = _interleaved(
+        runs = interleaved(
             {
                 "clone": updates.clone,
                 "topk reference": lambda u=updates: topk_reference(u, args.rho),
@@ -74,6 +59,7 @@ def main() -> None:
             },
             args.repeats,
         )
+        times = {name: statistics.median(ts) for name, ts in runs.items()}
         print(f"{label} float32:")
         for name, seconds in times.items():
             print(f"  {name:<15} {seconds * 1e3:9.1f} ms  {seconds / times['clone']:6.1f}x clone")

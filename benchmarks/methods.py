@@ -246,7 +246,7 @@ def print_state(sizes: dict[str, dict[str, float]], rounds: int) -> None:
 # ---------------------------------------------------------------------- the server step
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
     """``repeats`` timings of each function, taken in turns after one warm-up of each."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(repeats + 1):
@@ -296,7 +296,7 @@ def server(methods: list[str], repeats: int) -> None:
         aggregators[name].setup(1, clients, 0)
     fns: dict[str, Callable[[], object]] = {"clone of Δ_enc": inputs.encoder_deltas.clone}
     fns.update({name: (lambda a=a, x=inputs: a.aggregate(x)) for name, a in aggregators.items()})
-    times = _interleaved(fns, repeats)
+    times = interleaved(fns, repeats)
 
     med = {name: statistics.median(t) for name, t in times.items()}
     low = {name: min(t) for name, t in times.items()}

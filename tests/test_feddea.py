@@ -329,6 +329,22 @@ def test_a_bad_option_is_one_line_naming_the_field_and_nothing_is_written(
     assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    "algorithm, options, field",
+    [
+        ("FedDEA", ["--algorithm.rescale", "maybe"], 'Parser key "rescale"'),
+        ("FedDEA", ["--algorithm.head_scope", "everyone"], 'Parser key "head_scope"'),
+        ("FedAvg", ["--algorithm.head_scope", "all"], 'Parser key "head_scope"'),
+    ],
+)
+def test_a_bad_rescale_or_head_scope_is_one_line_naming_it(
+    tmp_path, data_root, capsys, algorithm, options, field
+):
+    config = tiny_config(tmp_path, data_root, algorithm={"class_path": algorithm})
+    lines = fit_refused(config, tmp_path / "run", capsys, *options)
+    assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], lines
+
+
 def test_fedopt_refuses_a_non_positive_server_lr_and_cluster_scopes(tmp_path, data_root, capsys):
     config = tiny_config(tmp_path, data_root, algorithm={"class_path": "FedOpt"})
     for options, field in [

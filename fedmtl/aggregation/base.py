@@ -268,7 +268,8 @@ class RoundOutput:
 
 
 class Aggregator(abc.ABC):
-    """Server-side aggregation of encoders and decoders (heads stay local).
+    """Server-side aggregation of encoders and decoders (heads stay local, except for a
+    method that shares them: ``RoundInput.heads``).
 
     A subclass implements :meth:`aggregate`, a function of the round's flat parameters and
     of the aggregator's own state. Server state (FedHCA²'s hyper weights α and β) is

@@ -6,8 +6,9 @@ BatchNorm and LeakyReLU. Its six parameterised layers (4 projections, fuse conv,
 the "layers" that FedHCA² gives one hyper aggregation weight β each.
 
 Head: two stride-2 transposed convolutions (back to full resolution, halving channels
-each time) and a 1x1 convolution to the task's output channels. Heads are never
-aggregated: their shapes depend on the task and dataset.
+each time) and a 1x1 convolution to the task's output channels. Heads are not
+aggregated in HC-FMTL (their shapes depend on the task and dataset); FedDEA's unified-model
+setting averages them among the clients of one task on one dataset.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,15 @@ def data_root(tmp_path_factory) -> Path:
     generate("pascal_context", root / "PASCALContext", num_train=12, num_val=4, size=(32, 32), progress=False)
     generate("nyud", root / "NYUDv2", num_train=12, num_val=4, size=(32, 32), progress=False)
     return root
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory, request) -> Iterator[Path]:
+    """A folder for the runs a test module shares, removed when the module is done unless one
+    of its tests failed. Those runs keep every round's checkpoint (0.1 to 0.7 GB a module):
+    left to the end of the session they added up to 7.5 GB and once filled CI's disk."""
+    failed_before = request.session.testsfailed
+    path = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    yield path
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(path, ignore_errors=True)

@@ -23,10 +23,10 @@ LAYERS = ["projections.0", "projections.1", "projections.2", "projections.3", "f
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(module_dir) -> Path:
     from fedmtl.data.synth import generate
 
-    tmp = tmp_path_factory.mktemp("fedhca2")
+    tmp = module_dir
     generate(
         "pascal_context",
         tmp / "data" / "PASCALContext",

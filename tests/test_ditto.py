@@ -118,9 +118,9 @@ def test_personal_model_starts_from_the_initial_model():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_root) -> dict[str, Path]:
+def runs(module_dir, data_root) -> dict[str, Path]:
     """The tiny scenario (3 rounds) under FedAvg, Local, Ditto λ=0.1 and Ditto λ=0."""
-    tmp = tmp_path_factory.mktemp("ditto_runs")
+    tmp = module_dir
     algorithms = {
         "fedavg": {"class_path": "FedAvg"},
         "local": {"class_path": "Local"},

@@ -448,9 +448,9 @@ def test_the_personal_model_is_evaluated():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_root) -> dict[str, Path]:
+def runs(module_dir, data_root) -> dict[str, Path]:
     """The tiny scenario under Local, FedAvg and FedAMP (defaults λ = α_k = σ = 1), same seed."""
-    tmp = tmp_path_factory.mktemp("fedamp_runs")
+    tmp = module_dir
     return fit_each(
         tmp, data_root, {name: {"class_path": name} for name in ["Local", "FedAvg", "FedAMP"]}, rounds=ROUNDS
     )

@@ -249,10 +249,10 @@ def test_server_averages_encoders_and_returns_every_decoder_as_trained():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_root) -> dict[str, dict]:
+def runs(module_dir, data_root) -> dict[str, dict]:
     """The tiny scenario (2 rounds) under FedBABU with τ = 2 and τ = 0 (same seed), every
     round's checkpoint kept and every local training recorded."""
-    tmp = tmp_path_factory.mktemp("fedbabu_runs")
+    tmp = module_dir
     out = {}
     for name, ft_epochs in [("babu", FT_EPOCHS), ("babu0", 0)]:
         algorithm = {"class_path": "FedBABU", "init_args": {"ft_epochs": ft_epochs}}

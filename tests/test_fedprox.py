@@ -145,9 +145,9 @@ def test_mu_zero_builds_no_penalty():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_root) -> dict[str, Path]:
+def runs(module_dir, data_root) -> dict[str, Path]:
     """The tiny scenario under FedAvg, FedProx μ=0 and FedProx μ=1 (same seed and config)."""
-    tmp = tmp_path_factory.mktemp("fedprox_runs")
+    tmp = module_dir
     algorithms = {
         "fedavg": {"class_path": "FedAvg"},
         "mu0": {"class_path": "FedProx", "init_args": {"mu": 0}},

@@ -116,10 +116,10 @@ def test_same_task_decoders_averages_decoders_of_one_task_in_phase_a():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_root) -> dict[str, dict]:
+def runs(module_dir, data_root) -> dict[str, dict]:
     """The tiny scenario (3 rounds, same seed) under FedPer, FedSTA with R_B = 0 and FedSTA
     with R_B = 2; every round's checkpoint kept and every local training recorded."""
-    tmp = tmp_path_factory.mktemp("fedsta_runs")
+    tmp = module_dir
     algorithms = {
         "fedper": {"class_path": "FedPer"},
         "sta0": {"class_path": "FedSTA", "init_args": {"phase_b_rounds": 0}},

@@ -196,9 +196,9 @@ def _is_parameter(key: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, data_root):
+def run(module_dir, data_root):
     """The tiny scenario (three clients) under MaT-FL with two clusters, two rounds."""
-    tmp = tmp_path_factory.mktemp("matfl_run")
+    tmp = module_dir
     fit(tiny_config(tmp, data_root, algorithm={"class_path": "MaTFL"}, rounds=2), tmp / "run")
     return tmp / "run"
 

@@ -42,9 +42,9 @@ def _diverging(tmp_path: Path, data_root: Path, name: str = "diverging.yaml", **
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, data_root) -> tuple[Path, Path]:
+def finished(module_dir, data_root) -> tuple[Path, Path]:
     """A finished 2-round run (config, run_dir); tests copy it before touching it."""
-    tmp = tmp_path_factory.mktemp("finished")
+    tmp = module_dir
     config = tiny_config(tmp, data_root, rounds=2)
     fit(config, tmp / "run")
     return config, tmp / "run"

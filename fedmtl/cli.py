@@ -26,7 +26,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse import ArgumentParser as _ArgumentParser
@@ -185,9 +185,9 @@ def _report_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--format",
-        type=Literal["markdown", "csv", "latex"] | None,
+        type=str | None,
         default=None,
-        help="table format (default: from --output's suffix, .csv or .tex; else markdown)",
+        help="markdown, csv or latex (default: from --output's suffix, .csv or .tex; else markdown)",
     )
     parser.add_argument(
         "--output", type=str | None, default=None, help="write the table to this file, not stdout"
@@ -208,9 +208,10 @@ def _report(args: Namespace) -> None:
     """The outputs are checked first and written last: an error leaves every file as it was."""
     from fedmtl import report
 
+    fmt = report.check_format(args.format or report.format_for(args.output))
     report.check_outputs(args.output, args.curves, args.overwrite)
     runs = report.build_report(args.runs, baseline=args.baseline)
-    text = report.render(report.compute_table(runs), args.format or report.format_for(args.output))
+    text = report.render(report.compute_table(runs), fmt)
     figure = report.draw_curves(runs) if args.curves is not None else None
     if args.output is None:
         print(text, end="")

@@ -421,11 +421,15 @@ def format_for(output: str | Path | None) -> str:
     return {".csv": "csv", ".tex": "latex"}.get(suffix, "markdown")
 
 
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt}: unknown table format; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
 def render(table: Table, fmt: str) -> str:
     renderers = {"markdown": render_markdown, "csv": render_csv, "latex": render_latex}
-    if fmt not in renderers:
-        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    return renderers[fmt](table)
+    return renderers[check_format(fmt)](table)
 
 
 def _number(value: float, metric: str) -> str:

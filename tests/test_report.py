@@ -280,6 +280,11 @@ def test_a_zero_in_the_baseline_is_refused(tmp_path, capsys):
     assert "Δm is undefined against baseline local" in error and "A/semseg mIoU = 0" in error
 
 
+def test_an_unknown_format_is_refused(tmp_path, two_methods, capsys):
+    error = refused([*map(str, two_methods), "--format", "html"], tmp_path, capsys)
+    assert error == "error: --format html: unknown table format; choose one of markdown, csv, latex"
+
+
 def test_an_existing_output_is_never_overwritten_unless_asked(tmp_path, two_methods, capsys):
     runs = list(map(str, two_methods))
     output = tmp_path / "table.md"

@@ -455,7 +455,9 @@ def render_markdown(table: Table) -> str:
         "separated",
     ]
     align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---"]
-    lines = [header, align, *([row.label, *_cells(table, row, " ± ")] for row in table.rows)]
+    # A label may be a path; a "|" in it would split the cell.
+    body = ([row.label.replace("|", r"\|"), *_cells(table, row, " ± ")] for row in table.rows)
+    lines = [header, align, *body]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
 
 

@@ -10,6 +10,8 @@
     fedmtl configs                                           # the bundled configs; --config NAME finds them
     fedmtl data check --root data                            # the datasets a data root holds, file by file
     fedmtl data prepare PASCALContext.tar.gz NYUDv2.tar.gz --root data   # unpack the downloaded archives
+    fedmtl report runs/local runs/fedavg runs/fedhca2        # the methods' metrics and Δm vs Local, a table
+    fedmtl report runs/* --format latex --output table.tex --curves curves.png   # files (never overwritten)
 
 Every field of the scenario config (``fedmtl.config.RunConfig``) can be set in the YAML file
 or on the command line (``--rounds 3``, ``--evaluation.every 2``, ``--algorithm FedAvg``).
@@ -167,6 +169,60 @@ def _eval_parser() -> ArgumentParser:
     return parser
 
 
+def _report_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        description="Compare finished runs: per client task metrics (mean ± std over seeds) and Δm "
+        "against a baseline (fedmtl.report)."
+    )
+    parser.add_argument(
+        "runs", type=str, nargs="+", metavar="RUN_DIR", help="run directories (hold results.json)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=str | None,
+        default=None,
+        help="a run directory or a row label (default: the Local run)",
+    )
+    parser.add_argument(
+        "--format",
+        type=str | None,
+        default=None,
+        help="markdown, csv or latex (default: from --output's suffix, .csv or .tex; else markdown)",
+    )
+    parser.add_argument(
+        "--output", type=str | None, default=None, help="write the table to this file, not stdout"
+    )
+    parser.add_argument(
+        "--curves",
+        type=str | None,
+        default=None,
+        help="also draw metrics and Δm over the rounds to this .png or .svg",
+    )
+    parser.add_argument(
+        "--overwrite", type=bool, default=False, help="replace an existing --output / --curves file"
+    )
+    return parser
+
+
+def _report(args: Namespace) -> None:
+    """The outputs are checked first and written last: an error leaves every file as it was."""
+    from fedmtl import report
+
+    fmt = report.check_format(args.format or report.format_for(args.output))
+    report.check_outputs(args.output, args.curves, args.overwrite)
+    runs = report.build_report(args.runs, baseline=args.baseline)
+    text = report.render(report.compute_table(runs), fmt)
+    figure = report.draw_curves(runs) if args.curves is not None else None
+    if args.output is None:
+        print(text, end="")
+    else:
+        report.write_text(args.output, text, args.overwrite)
+        print(f"table: {args.output}")
+    if figure is not None:
+        report.write_figure(args.curves, figure, args.overwrite)
+        print(f"curves: {args.curves}")
+
+
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedmtl", description="Hetero-client federated multi-task learning.")
     commands = parser.add_subcommands(dest="command")
@@ -195,6 +251,7 @@ def _parser() -> ArgumentParser:
     prepare_parser.add_argument("--root", type=str | None, default=None, help=root_help)
     data_commands.add_subcommand("prepare", prepare_parser, help="unpack dataset archives and check them")
     _add_configs_command(commands)
+    commands.add_subcommand("report", _report_parser(), help="compare finished runs: a table with Δm, curves")
     return parser
 
 
@@ -401,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
             synth(**args.data.synth.as_dict())
         elif args.command == "configs":
             _configs(args.configs)
+        elif args.command == "report":
+            _report(args.report)
         elif args.command == "data" and args.data.data_command == "check":
             from fedmtl.data.check import check_command
 

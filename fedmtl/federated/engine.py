@@ -615,8 +615,8 @@ class Simulation:
         return self._finish(self.history[-1]["metrics"] if self.history else {})
 
     def summary(self, results: dict[str, dict[str, dict[str, float]]], rounds: int) -> dict[str, Any]:
-        """The results.json content: the final metrics per client and task of the model the
-        method reports (``evaluated``), those of any other model it evaluates
+        """The results.json content: the run's seed, the final metrics per client and task of the
+        model the method reports (``evaluated``), those of any other model it evaluates
         (``also_evaluated``), and the server's values."""
 
         def metric(label: str, client: str, task: str) -> float | None:
@@ -636,6 +636,7 @@ class Simulation:
         summary = {
             "rounds": rounds,
             "algorithm": type(self.method).__name__,
+            "seed": self.cfg.seed,  # fedmtl report pairs runs of different methods by seed
             "evaluated": self.labels[0],
             "clients": table(self.labels[0]),
             "server": self.method.log_values(),

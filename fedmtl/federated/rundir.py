@@ -99,7 +99,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _resumable(field: str) -> bool:
+def is_resumable(field: str) -> bool:
+    """Whether a resume may change ``field`` (a dotted name): where and how the run runs and logs."""
     return any(field == f or field.startswith(f + ".") for f in RESUMABLE_FIELDS)
 
 
@@ -109,7 +110,7 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str
     return [
         f"{field}: {old.get(field)!r} -> {new.get(field)!r}"
         for field in sorted(set(old) | set(new))
-        if not _resumable(field) and old.get(field) != new.get(field)
+        if not is_resumable(field) and old.get(field) != new.get(field)
     ]
 
 

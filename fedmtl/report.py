@@ -1,0 +1,652 @@
+"""Compare finished runs: one row per method, one column per client task, and Δm against a baseline.
+
+    fedmtl report runs/local runs/fedavg runs/fedhca2                  # markdown table on stdout
+    fedmtl report runs/*-s? --baseline runs/local-s0 --format latex    # seeds grouped, LaTeX
+    fedmtl report runs/* --format csv --output table.csv --curves curves.png
+
+What the report reads. A run directory's ``results.json`` (the final metrics of the model the
+method reports, ``"clients"``) is all it needs; ``config.yaml``, when present, gives the seed
+of runs written before results.json recorded it and tells which runs share a config. The
+curves read ``metrics.csv`` (``val/<client>/<task>_<metric>`` every evaluation round).
+
+Rows. Runs whose config differs only in the seed (and in where and how they ran: the fields
+a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method, labelled by
+their algorithm (``FedAvg``); a run on its own is labelled by its directory name. Without
+config.yaml, runs of the same algorithm, evaluated model and number of rounds are grouped. A
+group whose seeds are not all different (two runs of seed 0, or two of unknown seed) is not a
+set of seeds: each of its runs is a row of its own. When two rows would get the same label,
+each gets its run directories as given on the command line instead. The baseline row comes
+first, the others in command-line order.
+
+Numbers. Each metric cell is the mean over the method's seeds ± their sample standard
+deviation (ddof = 1; one seed shows no ±). Δm (``fedmtl.metrics.delta_m``, over every task
+of every client) is computed per seed against the baseline run of the same seed, then
+averaged (mean ± std of the paired Δm, not the Δm of the mean metrics). The baseline is the
+Local run(s) unless ``--baseline`` names a run directory or a row label; a method with a seed
+the baseline lacks is an error, as is a baseline metric of 0 (Δm undefined).
+
+"separated". A rough screen, not a significance test: ``yes`` when the method was run with at
+least two seeds and |mean paired Δm| exceeds the standard deviation of its paired Δm across
+seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
+one seed (no spread to compare with); ``baseline`` on the baseline row.
+
+Outputs follow the command line's rule for user files: an existing ``--output`` or
+``--curves`` file is refused unless ``--overwrite true``. Table math (:func:`compute_table`,
+:func:`delta_m_series`) is pure; loading, rendering and drawing are separate functions, which
+``notebooks/compare_methods.ipynb`` uses too.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("markdown", "csv", "latex")
+CURVE_SUFFIXES = (".png", ".svg")
+BASELINE_ALGORITHM = "Local"
+# Decimals of a metric as `fedmtl fit` prints them (cli.format_results): RMSE is in metres.
+DECIMALS = {"RMSE": 4}
+
+
+# ---------------------------------------------------------------------------- what a report holds
+
+
+@dataclass(frozen=True)
+class Column:
+    """One client task: its metric and which way is better."""
+
+    client: str
+    task: str
+    metric: str
+    lower_is_better: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.client}/{self.task}"
+
+    @property
+    def arrow(self) -> str:
+        return "↓" if self.lower_is_better else "↑"
+
+    @property
+    def csv_name(self) -> str:
+        return f"{self.key}_{self.metric}"  # as metrics.csv names it after "val/"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run directory, as results.json (and config.yaml) describe it."""
+
+    path: Path  # as given on the command line
+    algorithm: str
+    seed: int | None  # None: neither results.json nor config.yaml says
+    scenario: Mapping[str, tuple[str, tuple[str, ...]]]  # client -> (dataset, tasks)
+    columns: tuple[Column, ...]
+    metrics: Mapping[str, float]  # Column.key -> final value
+    config_key: str  # equal for runs whose configs differ only in the seed
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+
+@dataclass(frozen=True)
+class Method:
+    """A table row: one run, or the runs of one config with different seeds (sorted by seed)."""
+
+    label: str
+    runs: tuple[Run, ...]
+
+    @property
+    def algorithm(self) -> str:
+        return self.runs[0].algorithm
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [run.seed for run in self.runs]
+
+
+@dataclass(frozen=True)
+class Report:
+    columns: tuple[Column, ...]
+    methods: tuple[Method, ...]  # the baseline first
+    baseline: Method
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (None for a single value) of ``n`` values."""
+
+    mean: float
+    std: float | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    algorithm: str
+    seeds: tuple[int | None, ...]
+    metrics: Mapping[str, Stat]  # Column.key -> over seeds
+    delta_m: Stat  # of the paired per-seed Δm
+    separated: str  # yes / no / n/a / baseline
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...]
+    baseline: str  # its label
+
+
+# ---------------------------------------------------------------------------- loading runs
+
+
+def load_run(path: str | Path) -> Run:
+    """A finished run directory; raises naming the directory when it is missing or unfinished."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run directory")
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file: give run directories (each holds results.json)")
+    config = _read_config(path)
+    results = _read_results(path, config)
+    columns = _columns(path, results["clients"])
+    metrics = _final_metrics(path, results["clients"], columns)
+    return Run(
+        path=path,
+        algorithm=str(results.get("algorithm", "?")),
+        seed=results.get("seed", config.get("seed")),
+        scenario={
+            client: (info["dataset"], tuple(info["tasks"])) for client, info in results["clients"].items()
+        },
+        columns=columns,
+        metrics=metrics,
+        config_key=_config_key(config, results),
+    )
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    import yaml
+
+    file = path / "config.yaml"
+    if not file.is_file():
+        return {}
+    try:
+        config = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{file} is not valid YAML ({str(err).splitlines()[0]})") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _read_results(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
+    file = path / "results.json"
+    if not file.is_file():
+        resume = f" (continue it: fedmtl fit --config {path / 'config.yaml'} --resume true)" if config else ""
+        raise ValueError(f"{path} has no results.json: the run has not finished{resume}")
+    try:
+        results = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err})") from None
+    if not isinstance(results, dict) or not isinstance(results.get("clients"), dict):
+        raise ValueError(f'{file} is not a fedmtl results file: it has no "clients"')
+    return results
+
+
+def _columns(path: Path, clients: Mapping[str, Any]) -> tuple[Column, ...]:
+    from fedmtl.tasks import TASKS
+
+    columns = []
+    for client, info in clients.items():
+        for task in info["tasks"]:
+            if task not in TASKS:
+                raise ValueError(f"{path / 'results.json'}: unknown task {task!r} of client {client}")
+            (metric,) = info["metrics"][task]
+            columns.append(Column(client, task, metric, TASKS.get(task).lower_is_better))
+    return tuple(columns)
+
+
+def _final_metrics(path: Path, clients: Mapping[str, Any], columns: Sequence[Column]) -> dict[str, float]:
+    values = {c.key: clients[c.client]["metrics"][c.task][c.metric] for c in columns}
+    missing = [key for key, value in values.items() if value is None]
+    if missing:
+        raise ValueError(
+            f"{path / 'results.json'} has null metrics ({', '.join(missing)}): the evaluated model "
+            "was not finite or the run was not evaluated, so it has nothing to report"
+        )
+    return {key: float(value) for key, value in values.items()}
+
+
+def _config_key(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
+    """Equal for two runs exactly when their configs differ only in the seed and in where and
+    how they ran; without config.yaml, in algorithm, evaluated model and rounds."""
+    from fedmtl.federated.rundir import flatten, is_resumable
+
+    if not config:
+        return json.dumps(
+            ["results.json", results.get("algorithm"), results.get("evaluated"), results.get("rounds")]
+        )
+    fields = {k: v for k, v in flatten(config).items() if k != "seed" and not is_resumable(k)}
+    return json.dumps(sorted(fields.items()), default=str)
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run once (a directory given twice is read once), all of the same scenario."""
+    runs: list[Run] = []
+    seen: set[Path] = set()
+    for path in paths:
+        if Path(path).resolve() in seen:
+            continue
+        runs.append(load_run(path))
+        seen.add(runs[-1].path.resolve())
+    check_same_scenario(runs)
+    return runs
+
+
+def check_same_scenario(runs: Sequence[Run]) -> None:
+    """Raise unless every run has the same clients, datasets and tasks (Δm needs the same columns)."""
+    first = runs[0]
+    for other in runs[1:]:
+        if other.scenario == first.scenario:
+            continue
+        mine = {f"{c}/{t} ({d})" for c, (d, tasks) in first.scenario.items() for t in tasks}
+        theirs = {f"{c}/{t} ({d})" for c, (d, tasks) in other.scenario.items() for t in tasks}
+        raise ValueError(
+            f"{first.path} and {other.path} are runs of different scenarios: only in {first.path}: "
+            f"{_few(mine - theirs)}; only in {other.path}: {_few(theirs - mine)}"
+        )
+
+
+def _few(items: Iterable[str], shown: int = 4) -> str:
+    items = sorted(items)
+    if not items:
+        return "nothing"
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+# ---------------------------------------------------------------------------- rows and the baseline
+
+
+def group_runs(runs: Sequence[Run]) -> list[Method]:
+    """Runs of one config with distinct seeds form one method; any other run is its own."""
+    by_config: dict[str, list[Run]] = {}
+    for run in runs:
+        by_config.setdefault(run.config_key, []).append(run)
+    methods = []
+    for same in by_config.values():
+        seeds = [run.seed for run in same]
+        if len(same) > 1 and len(set(seeds)) == len(seeds):
+            ordered = sorted(same, key=lambda r: (r.seed is not None, r.seed or 0))
+            methods.append(Method(same[0].algorithm, tuple(ordered)))
+        else:
+            methods.extend(Method(run.name, (run,)) for run in same)
+    return _with_unique_labels(methods)
+
+
+def _with_unique_labels(methods: list[Method]) -> list[Method]:
+    labels = [m.label for m in methods]
+    return [
+        m if labels.count(m.label) == 1 else Method(", ".join(str(r.path) for r in m.runs), m.runs)
+        for m in methods
+    ]
+
+
+def choose_baseline(methods: Sequence[Method], baseline: str | None = None) -> Method:
+    """The method named by ``baseline`` (a run directory or a row label), else the Local one."""
+    labels = ", ".join(m.label for m in methods)
+    if baseline is None:
+        local = [m for m in methods if m.algorithm == BASELINE_ALGORITHM]
+        if len(local) == 1:
+            return local[0]
+        if not local:
+            raise ValueError(
+                f"no baseline: none of the runs is {BASELINE_ALGORITHM} (rows: {labels}); "
+                "name one with --baseline RUN_DIR or --baseline LABEL"
+            )
+        raise ValueError(
+            f"several {BASELINE_ALGORITHM} rows ({', '.join(m.label for m in local)}): "
+            "choose the baseline with --baseline RUN_DIR or --baseline LABEL"
+        )
+    if Path(baseline).is_dir():
+        for method in methods:
+            if any(run.path.resolve() == Path(baseline).resolve() for run in method.runs):
+                return method
+    for method in methods:
+        if method.label == baseline:
+            return method
+    raise ValueError(
+        f"--baseline {baseline}: not a run directory of the report nor a row label (rows: {labels})"
+    )
+
+
+def build_report(paths: Sequence[str | Path], baseline: str | None = None) -> Report:
+    """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them."""
+    paths = list(paths)
+    if baseline is not None and Path(baseline).is_dir():
+        paths.append(baseline)  # read once if it is already there
+    if not paths:
+        raise ValueError("no run directories to report on")
+    runs = load_runs(paths)
+    methods = group_runs(runs)
+    chosen = choose_baseline(methods, baseline)
+    ordered = (chosen, *(m for m in methods if m is not chosen))
+    return Report(columns=runs[0].columns, methods=ordered, baseline=chosen)
+
+
+def paired_runs(method: Method, baseline: Method) -> list[tuple[Run, Run]]:
+    """Each run of ``method`` with the baseline run of the same seed; raises when one lacks it."""
+    by_seed = {run.seed: run for run in baseline.runs}
+    pairs = []
+    for run in method.runs:
+        if run.seed not in by_seed:
+            raise ValueError(
+                f"baseline {baseline.label} has no run with seed {_seed_text(run.seed)} to pair with "
+                f"{run.path} (baseline seeds: {', '.join(map(_seed_text, by_seed))}); Δm is paired by "
+                "seed: run the baseline with that seed too, or leave the run out"
+            )
+        pairs.append((run, by_seed[run.seed]))
+    return pairs
+
+
+def _seed_text(seed: int | None) -> str:
+    return "unknown" if seed is None else str(seed)
+
+
+# ---------------------------------------------------------------------------- the table (pure)
+
+
+def stat(values: Sequence[float]) -> Stat:
+    """Mean and sample standard deviation (ddof = 1) of ``values``."""
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return Stat(statistics.fmean(values), std, len(values))
+
+
+def separated(delta: Stat) -> str:
+    """Whether the paired Δm stands out of its own spread across seeds (module docstring)."""
+    if delta.std is None:
+        return "n/a"
+    return "yes" if abs(delta.mean) > delta.std else "no"
+
+
+def paired_delta_m(run: Run, base: Run, columns: Sequence[Column]) -> float:
+    from fedmtl.metrics.delta_m import delta_m
+
+    return delta_m(run.metrics, base.metrics, {c.key for c in columns if c.lower_is_better})
+
+
+def check_baseline_defined(baseline: Method, columns: Sequence[Column]) -> None:
+    """Δm divides by the baseline's values: a 0 (an mIoU of an untrained model) leaves it undefined."""
+    for run in baseline.runs:
+        zero = [f"{c.key} {c.metric}" for c in columns if run.metrics[c.key] == 0]
+        if zero:
+            raise ValueError(
+                f"Δm is undefined against baseline {baseline.label}: {run.path} has {_few(zero)} = 0 "
+                "(Δm is relative to the baseline's value); choose another --baseline"
+            )
+
+
+def compute_table(report: Report) -> Table:
+    """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
+    check_baseline_defined(report.baseline, report.columns)
+    rows = []
+    for method in report.methods:
+        pairs = paired_runs(method, report.baseline)
+        delta = stat([paired_delta_m(run, base, report.columns) for run, base in pairs])
+        rows.append(
+            Row(
+                label=method.label,
+                algorithm=method.algorithm,
+                seeds=tuple(method.seeds),
+                metrics={c.key: stat([run.metrics[c.key] for run in method.runs]) for c in report.columns},
+                delta_m=delta,
+                separated="baseline" if method is report.baseline else separated(delta),
+            )
+        )
+    return Table(report.columns, tuple(rows), report.baseline.label)
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def format_for(output: str | Path | None) -> str:
+    """The format an output file's suffix implies (.csv, .tex), else markdown."""
+    suffix = Path(output).suffix.lower() if output else ""
+    return {".csv": "csv", ".tex": "latex"}.get(suffix, "markdown")
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt}: unknown table format; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def render(table: Table, fmt: str) -> str:
+    renderers = {"markdown": render_markdown, "csv": render_csv, "latex": render_latex}
+    return renderers[check_format(fmt)](table)
+
+
+def _number(value: float, metric: str) -> str:
+    return f"{value:.{DECIMALS.get(metric, 2)}f}"
+
+
+def _cell(value: Stat, metric: str, plus_minus: str) -> str:
+    text = _number(value.mean, metric)
+    return text if value.std is None else f"{text}{plus_minus}{_number(value.std, metric)}"
+
+
+def _cells(table: Table, row: Row, plus_minus: str) -> list[str]:
+    metrics = [_cell(row.metrics[c.key], c.metric, plus_minus) for c in table.columns]
+    return [str(len(row.seeds)), *metrics, _cell(row.delta_m, "Δm", plus_minus), row.separated]
+
+
+def render_markdown(table: Table) -> str:
+    header = [
+        "method",
+        "seeds",
+        *(f"{c.key} {c.metric} {c.arrow}" for c in table.columns),
+        "Δm (%) ↑",
+        "separated",
+    ]
+    align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---"]
+    # A label may be a path; a "|" in it would split the cell.
+    body = ([row.label.replace("|", r"\|"), *_cells(table, row, " ± ")] for row in table.rows)
+    lines = [header, align, *body]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
+
+
+def render_latex(table: Table) -> str:
+    header = [
+        "method",
+        "seeds",
+        *(f"{_latex(c.key)} {c.metric} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
+        r"$\Delta_m$ (\%) $\uparrow$",
+        "separated",
+    ]
+    body = [[_latex(row.label), *_cells(table, row, r" $\pm$ ")] for row in table.rows]
+    spec = "lr" + "r" * len(table.columns) + "rl"
+    return "\n".join(
+        [
+            r"% fedmtl report; needs \usepackage{booktabs}",
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            " & ".join(header) + r" \\",
+            r"\midrule",
+            *(" & ".join(cells) + r" \\" for cells in body),
+            r"\bottomrule",
+            r"\end{tabular}",
+            "",
+        ]
+    )
+
+
+_LATEX_ARROWS = {False: r"$\uparrow$", True: r"$\downarrow$"}  # by lower_is_better
+_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {
+    "~": r"\textasciitilde{}",
+    "^": r"\^{}",
+    "\\": r"\textbackslash{}",
+}
+
+
+def _latex(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in text)
+
+
+def render_csv(table: Table) -> str:
+    """One row per method, full precision: method, algorithm, n_seeds, seeds, delta_m,
+    delta_m_std, separated, then ``<client>/<task>_<metric>`` and its ``_std`` per column."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    names = [name for c in table.columns for name in (c.csv_name, f"{c.csv_name}_std")]
+    writer.writerow(
+        ["method", "algorithm", "n_seeds", "seeds", "delta_m", "delta_m_std", "separated", *names]
+    )
+    for row in table.rows:
+        values = [v for c in table.columns for v in (row.metrics[c.key].mean, row.metrics[c.key].std)]
+        writer.writerow(
+            [
+                row.label,
+                row.algorithm,
+                len(row.seeds),
+                " ".join(map(_seed_text, row.seeds)),
+                row.delta_m.mean,
+                "" if row.delta_m.std is None else row.delta_m.std,
+                row.separated,
+                *("" if v is None else v for v in values),
+            ]
+        )
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------- curves over rounds
+
+History = Mapping[int, Mapping[str, float]]  # round -> Column.key -> value
+
+
+def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, float]]:
+    """The evaluated model's metrics of every evaluation round, from the run's metrics.csv."""
+    file = run.path / "metrics.csv"
+    if not file.is_file():
+        raise ValueError(f"{run.path} has no metrics.csv: no curves to draw for it")
+    wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
+    history: dict[int, dict[str, float]] = {}
+    with open(file, newline="") as f:
+        for row in csv.DictReader(f):
+            if row["key"] in wanted:
+                history.setdefault(int(row["round"]), {})[wanted[row["key"]]] = float(row["value"])
+    return history
+
+
+def metric_series(history: History, key: str) -> tuple[list[int], list[float]]:
+    rounds = sorted(r for r in history if key in history[r])
+    return rounds, [history[r][key] for r in rounds]
+
+
+def delta_m_series(
+    history: History, baseline: History, columns: Sequence[Column]
+) -> tuple[list[int], list[float]]:
+    """Δm per round where both runs evaluated every column and Δm is defined (no baseline 0)."""
+    from fedmtl.metrics.delta_m import delta_m
+
+    keys = {c.key for c in columns}
+    lower = {c.key for c in columns if c.lower_is_better}
+    rounds, values = [], []
+    for r in sorted(set(history) & set(baseline)):
+        mine, base = history[r], baseline[r]
+        if keys <= mine.keys() and keys <= base.keys() and all(base[k] != 0 for k in keys):
+            rounds.append(r)
+            values.append(delta_m({k: mine[k] for k in keys}, {k: base[k] for k in keys}, lower))
+    return rounds, values
+
+
+def draw_curves(report: Report):
+    """A matplotlib Figure (Agg canvas, no pyplot): one panel per client task with every run's
+    metric over the rounds, and a panel of Δm over the rounds against the paired baseline run.
+    A method's seeds share its colour and one legend entry."""
+    columns = report.columns
+    histories = {run.path: read_history(run, columns) for m in report.methods for run in m.runs}
+    fig, metric_axes, delta_ax = _panels(len(columns))
+    colour = {m.label: f"C{i % 10}" for i, m in enumerate(report.methods)}
+    for method in report.methods:
+        for k, run in enumerate(method.runs):
+            legend = method.label if k == 0 else None
+            for ax, column in zip(metric_axes, columns, strict=True):
+                series = metric_series(histories[run.path], column.key)
+                ax.plot(*series, color=colour[method.label], marker=".", label=legend)
+        if method is report.baseline:
+            continue
+        for k, (run, base) in enumerate(paired_runs(method, report.baseline)):
+            series = delta_m_series(histories[run.path], histories[base.path], columns)
+            delta_ax.plot(
+                *series, color=colour[method.label], marker=".", label=method.label if k == 0 else None
+            )
+    baseline = report.baseline.label
+    delta_ax.axhline(0.0, color=colour[baseline], linestyle="--", label=f"{baseline} (baseline)")
+    for ax, column in zip(metric_axes, columns, strict=True):
+        ax.set_title(f"{column.key} {column.metric} {column.arrow}", fontsize=9)
+    delta_ax.set_title(f"Δm (%) ↑ vs {baseline}", fontsize=9)
+    delta_ax.legend(fontsize=7)
+    return fig
+
+
+def _panels(metrics: int):
+    """A figure with ``metrics`` panels and one for Δm, three to a row, x axis in whole rounds."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    ncols = min(3, metrics + 1)
+    nrows = math.ceil((metrics + 1) / ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)  # off-screen: no display needed
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[metrics + 1 :]:
+        ax.set_visible(False)
+    for ax in axes[: metrics + 1]:
+        ax.set_xlabel("round", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+    return fig, axes[:metrics], axes[metrics]
+
+
+# ---------------------------------------------------------------------------- writing files
+
+
+def check_outputs(output: str | Path | None, curves: str | Path | None, overwrite: bool) -> None:
+    """Raise unless the table file ``output`` and the figure ``curves`` (either may be None) can
+    be written: a folder that exists, a figure suffix matplotlib writes, two different files,
+    and no existing file unless ``overwrite`` (the command line's rule for a user's files)."""
+    if curves is not None and Path(curves).suffix.lower() not in CURVE_SUFFIXES:
+        raise ValueError(f"--curves {curves}: the file name must end in {' or '.join(CURVE_SUFFIXES)}")
+    if output is not None and curves is not None and Path(output).resolve() == Path(curves).resolve():
+        raise ValueError(f"--output and --curves name the same file, {output}")
+    for option, path in (("--output", output), ("--curves", curves)):
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{option} {path} is a directory: give a file name")
+        if path.exists() and not overwrite:
+            raise ValueError(
+                f"{option} {path} exists and was left as it is: choose another file, or add --overwrite true"
+            )
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{option} {path}: folder {path.parent} does not exist")
+
+
+def write_text(path: str | Path, text: str, overwrite: bool) -> None:
+    # Mode "x" refuses a file that appeared after the check: a user's file is never replaced.
+    with open(path, "w" if overwrite else "x", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_figure(path: str | Path, figure, overwrite: bool) -> None:
+    path = Path(path)
+    with open(path, "wb" if overwrite else "xb") as f:
+        figure.savefig(f, format=path.suffix.lower().lstrip("."), dpi=120)

@@ -8,8 +8,6 @@ import io
 import json
 import os
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -307,17 +305,6 @@ CLIENTS = [
     {"dataset": "pascal_context", "tasks": ["sal"], "batch_size": 4},
     {"dataset": "nyud", "tasks": ["normals", "depth"], "batch_size": 4},
 ]
-
-
-@pytest.fixture(scope="module")
-def module_dir(tmp_path_factory, request) -> Iterator[Path]:
-    """A folder for this module's shared runs, removed when the module is done unless one of
-    its tests failed (tests/conftest.py's fixture of the same name, once it lands, does this)."""
-    failed_before = request.session.testsfailed
-    path = tmp_path_factory.mktemp("report")
-    yield path
-    if request.session.testsfailed == failed_before:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ LAYERS = ["projections.0", "projections.1", "projections.2", "projections.3", "f
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from fedmtl.data.synth import generate
+    from fedmtl.synth import generate
 
     tmp = tmp_path_factory.mktemp("fedhca2")
     generate(

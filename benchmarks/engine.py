@@ -28,10 +28,10 @@ from timm.scheduler import CosineLRScheduler
 from fedmtl.aggregation import Local
 from fedmtl.config import ClientGroup, DataConfig, EvaluationConfig, LoggerConfig, RunConfig
 from fedmtl.data.datasets import DATASETS, build_dataset
-from fedmtl.data.synth import generate
 from fedmtl.federated.engine import run
 from fedmtl.methods.base import derive_seed as _seed
 from fedmtl.models import MultiTaskModel
+from fedmtl.synth import generate
 from fedmtl.tasks import multi_task_loss
 
 TASKS = ("semseg", "normals", "edge", "depth")

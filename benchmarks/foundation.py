@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from fedmtl.data.datasets import DATASETS, build_dataset
-from fedmtl.data.synth import generate
 from fedmtl.models import DEFAULT_BACKBONE, MultiTaskModel
+from fedmtl.synth import generate
 from fedmtl.tasks import multi_task_loss
 
 

@@ -136,7 +136,7 @@ def synth(
         workers: processes to render with (default: all cores).
         overwrite: replace ``root`` if it already holds files (refused otherwise).
     """
-    from fedmtl.data.synth import generate
+    from fedmtl.synth import generate
 
     out = generate(
         dataset,
@@ -274,7 +274,7 @@ def _ensure_data(cfg: Any) -> None:
     Only the leader generates (before Fabric launches the other local processes); under
     torchrun or SLURM every process starts at once, so generate the data beforehand."""
     from fedmtl.data.datasets import DATASETS
-    from fedmtl.data.synth import generate
+    from fedmtl.synth import generate
 
     if cfg.data.synth is None or not _is_leader():
         return

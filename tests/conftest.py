@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
-    from fedmtl.data.synth import generate
+    from fedmtl.synth import generate
 
     root = tmp_path_factory.mktemp("data")
     generate("pascal_context", root / "PASCALContext", num_train=12, num_val=4, size=(32, 32), progress=False)

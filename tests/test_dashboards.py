@@ -24,7 +24,7 @@ LAYERS = ["projections.0", "projections.1", "projections.2", "projections.3", "f
 
 @pytest.fixture(scope="module")
 def run_dir(module_dir) -> Path:
-    from fedmtl.data.synth import generate
+    from fedmtl.synth import generate
 
     tmp = module_dir
     generate(

@@ -25,8 +25,8 @@ from fedmtl.data.layout import (
     read_part_annotations,
     read_split,
 )
-from fedmtl.data.synth import generate, nyud_sample, pascal_sample, sample_rng
-from fedmtl.data.synth_scenes import CONTEXT_CLASSES, NYU_CLASSES, PERSON_PARTS, VOC_CLASSES
+from fedmtl.synth import generate, nyud_sample, pascal_sample, sample_rng
+from fedmtl.synth.scenes import CONTEXT_CLASSES, NYU_CLASSES, PERSON_PARTS, VOC_CLASSES
 
 SIZE = (40, 56)  # not square, so a swapped height and width shows
 SEED = 3
@@ -469,7 +469,7 @@ def test_overwrite_replaces_the_folder_with_the_new_dataset_only(tmp_path):
 
 
 def _interrupt_after_first_chunk(monkeypatch) -> None:
-    import fedmtl.data.synth as synth
+    import fedmtl.synth.generator as synth
 
     original, calls = synth._write_chunk, []
 
@@ -511,7 +511,7 @@ def test_an_interrupted_overwrite_keeps_the_old_dataset(tmp_path, monkeypatch):
 
 KILLED_AFTER_FIRST_CHUNK = """
 import os, signal, sys
-import fedmtl.data.synth as synth
+import fedmtl.synth.generator as synth
 original = synth._write_chunk
 def killed(*args):
     original(*args)
@@ -592,7 +592,7 @@ def test_a_parent_folder_that_cannot_be_written_is_one_line_naming_it(tmp_path, 
 def test_a_mount_point_is_refused_before_rendering(tmp_path, monkeypatch):
     """A finished dataset is renamed into place, which fails on a mount point: say so at once,
     not after an hour of rendering."""
-    import fedmtl.data.synth as synth
+    import fedmtl.synth.generator as synth
 
     root = tmp_path / "NYUDv2"
     root.mkdir()

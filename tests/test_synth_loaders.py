@@ -7,7 +7,7 @@ import torch
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.data.layout import read_label_map
 from fedmtl.data.pascal_context import label_boundaries, seg2bmap
-from fedmtl.data.synth import generate, nyud_sample, pascal_sample, sample_rng
+from fedmtl.synth import generate, nyud_sample, pascal_sample, sample_rng
 
 SIZE = (48, 64)
 TASKS = {"pascal_context": DATASETS.get("pascal_context").tasks, "nyud": DATASETS.get("nyud").tasks}

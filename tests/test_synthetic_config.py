@@ -14,10 +14,10 @@ import pytest
 from fedmtl.cli import _run_parser
 from fedmtl.config import DataConfig, RunConfig
 from fedmtl.data.datasets import DATASETS
-from fedmtl.data.synth import sample_rng
-from fedmtl.data.synth_scenes import pascal_scene
 from fedmtl.federated import scenario
 from fedmtl.federated.scenario import build_clients, count_clients
+from fedmtl.synth import sample_rng
+from fedmtl.synth.scenes import pascal_scene
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SCENARIOS = ["scenario1.yaml", "scenario2.yaml"]

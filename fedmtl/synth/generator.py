@@ -1,34 +1,6 @@
-"""Synthetic PASCAL-Context and NYUD-v2: rendered 3-D scenes written in the real layouts.
-
-    from fedmtl.data.synth import generate
-    generate("pascal_context", "data/PASCALContext", num_train=500, num_val=200, size=(96, 96))
-    generate("nyud", "data/NYUDv2")
-
-or ``fedmtl data synth --dataset nyud --root data/NYUDv2``. The files go through
-:mod:`fedmtl.data.layout`, so the dataset classes read them exactly as they read the real data.
-
-Every image is a ray-cast scene (:mod:`~fedmtl.data.synth_scenes`,
-:mod:`~fedmtl.data.synth_render`) and every label is read off the same scene, so the tasks
-agree with each other and with the image:
-
-* semseg: the class of the object hit by each pixel's ray (VOC-21 / NYU-40);
-* edges: boundaries between objects (NYUD: 2 px, one on each side; PASCAL: the loader takes
-  the boundaries of the context ``LabelMap``, whose classes are per object: thinned Laplacian
-  for train, BSDS ``seg2bmap`` for val);
-* normals: of the surface hit, in camera coordinates: x right, y up, z toward the camera,
-  unit length, n . ray < 0; the sky gets (0, 0, 1), which the loader masks out anyway;
-* depth (NYUD): planar depth in metres, with Kinect-like holes (0) beside near objects and on glass;
-* saliency (PASCAL): the nearest VOC objects and the largest one, 0/255;
-* human parts (PASCAL): people are articulated figures whose shapes carry PASCAL-Part part
-  names; about 40 % of the images have nobody in them, and so no human-parts label.
-
-The same seed gives the same files byte for byte: image k of a split draws from its own
-random stream, SeedSequence([seed, dataset, split, k]), whatever the number of workers.
-
-Nothing is overwritten unless asked for: a folder that already holds files is refused (unless
-``overwrite=True``), and the files are written to a hidden sibling folder that is renamed into
-place only when complete, so a dataset folder is either absent or whole.
-"""
+"""Synthetic datasets written in the real layouts: labels read off each rendered scene,
+the files, and the staging that keeps a dataset folder absent or whole (overview: the package
+docstring, :mod:`fedmtl.synth`)."""
 
 from __future__ import annotations
 
@@ -44,15 +16,15 @@ import numpy as np
 from tqdm import tqdm
 
 from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
-from fedmtl.data.synth_render import Rendering, render
-from fedmtl.data.synth_scenes import (
+from fedmtl.registry import Registry
+from fedmtl.synth.render import Rendering, render
+from fedmtl.synth.scenes import (
     CONTEXT_CLASSES,
     NYU_CLASSES,
     VOC_CLASSES,
     nyud_scene,
     pascal_scene,
 )
-from fedmtl.registry import Registry
 
 IGNORE = 255
 VOC_VOID_BAND = 0.5  # share of PASCAL images whose semseg has VOC's void band around objects

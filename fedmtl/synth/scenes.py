@@ -1,7 +1,7 @@
 """Procedural scenes for the synthetic datasets: which objects, made of which shapes, where.
 
 Objects are built in their own frame (metres, y up, standing on y = 0, front toward +z) from
-the shapes of :mod:`fedmtl.data.synth_render`, then turned and moved into the world.
+the shapes of :mod:`fedmtl.synth.render`, then turned and moved into the world.
 
 * :func:`pascal_scene`: outdoor scenes in daylight with a saturated palette: a ground plane,
   sky, distant buildings, walls, trees and mountains, and objects of the 20 VOC classes,
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedmtl.data.synth_render import (
+from fedmtl.synth.render import (
     Box,
     Camera,
     Capsule,

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy import optimize
 from torch import Tensor
 
 from fedmtl.aggregation.flat import FlatLayout
@@ -127,6 +126,8 @@ def conflict_averse_weights(gram: Tensor, c: float = 0.4) -> Tensor:
     are kept as fall-backs, so w* is never worse than any of them. Deterministic for a
     given G. All-zero updates give 𝟙/N.
     """
+    from scipy import optimize  # here, not at the top: a slow import that `fedmtl fit --help` skips
+
     g = _host_gram(gram)
     n = g.shape[0]
     _check_c(c)

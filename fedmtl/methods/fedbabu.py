@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from fedmtl.aggregation.base import ClientInfo
 from fedmtl.methods.base import ClientContext, derive_seed, new_track, register_method
 from fedmtl.methods.fedavg import FedAvg
-from fedmtl.models import reinitialise
 
 
 @register_method
@@ -66,6 +65,8 @@ class FedBABU(FedAvg):
         self.ft_weight_decay = ft_weight_decay
 
     def init_client(self, model: nn.Module, client: ClientInfo, seed: int) -> dict[str, Any]:
+        from fedmtl.models import reinitialise  # here: fedmtl.models imports timm, slow for `fit --help`
+
         for task, head in model.heads.items():
             # PyTorch's default initialisation from the task's own seed; the global random
             # state is restored afterwards, so nothing else the client draws changes.

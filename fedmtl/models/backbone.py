@@ -21,7 +21,6 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-import timm
 import torch
 from torch import nn
 
@@ -98,6 +97,8 @@ def create_encoder(
     ``stage_norms``: one LayerNorm per stage output (see :class:`Encoder`); None (default) means
     True for the paper's Swin models (``PAPER_BACKBONES``, by short or timm name), False for others.
     """
+    import timm  # here, not at the top: timm (and torchvision) would slow `fedmtl fit --help` by seconds
+
     timm_name = PAPER_BACKBONES.get(name, name)
     if not timm.is_model(timm_name):
         raise ValueError(
@@ -228,6 +229,8 @@ def _classifier_keys(timm_name: str, kwargs: dict) -> frozenset[str]:
     """State-dict names of the full timm model (with its classifier), to tell the parts a
     ``features_only`` body drops (``head.fc``, Swin's final ``norm``) from foreign tensors.
     Built on the meta device: names and no memory."""
+    import timm  # see create_encoder
+
     key = (timm_name, repr(sorted(kwargs.items())))
     if key not in _CLASSIFIER_KEYS:
         try:

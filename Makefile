@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test lint format clean benchmark
 
 install: $(STAMP)
 
@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml
 # It resumes: a second `make demo` continues an interrupted demo or reprints a finished one.
 demo: install
 	$(VENV)/bin/fedmtl fit --config configs/demo.yaml --resume true
+
+# The method benchmark (README, "The benchmark"): every method x 3 seeds on generated data in
+# the shape of scenario 1 (BENCHMARK=scenario2 for the other), one CPU thread per run, 2 runs at
+# a time, then the Δm report in runs/benchmark/$(BENCHMARK)/. Restartable: finished runs are kept.
+BENCHMARK ?= scenario1
+benchmark: install
+	$(PY) benchmarks/compare_methods.py --config configs/benchmark/$(BENCHMARK).yaml \
+		--seeds 0 1 2 --jobs 2 --out runs/benchmark/$(BENCHMARK)
 
 test: install
 	$(PY) -m pytest -q

@@ -1,0 +1,139 @@
+"""The method benchmark: every method × several seeds on one config, then `fedmtl report`.
+
+    python benchmarks/compare_methods.py --config configs/benchmark/scenario1.yaml \
+        --seeds 0 1 2 --jobs 2 --out runs/benchmark/scenario1      # what `make benchmark` runs
+
+Each run is ``fedmtl fit --config CONFIG --algorithm METHOD --seed S --cpu_threads 1`` in its
+own process, ``--jobs`` at a time, into ``OUT/METHOD/seed_S``. A run with a results.json is
+finished and is not run again; an interrupted one resumes (``--resume true``), so the command
+can be stopped and restarted. Nothing outside ``OUT`` is written except the config's generated
+data, made once before the runs start.
+
+At the end it writes, in ``OUT``:
+
+* ``trivial.json``: the trivial predictors of every task (:mod:`fedmtl.trivial`);
+* ``report.md`` / ``report.csv``: ``fedmtl report`` of all runs against Local;
+* ``learnt.md``: per client task, the trivial predictor and each method, ✓ where it beats it;
+* ``timing.json``: the wall time of the whole command and of each run;
+
+and prints the report and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+METHODS = (
+    "Local",
+    "FedAvg",
+    "FedProx",
+    "FedOpt",
+    "FedDEA",
+    "FedPer",
+    "FedBABU",
+    "FedSTA",
+    "Ditto",
+    "FedAMP",
+    "MaTFL",
+    "FedHCA2",
+)
+
+
+def _fedmtl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedmtl", *args]
+
+
+def run_one(config: Path, method: str, seed: int, run_dir: Path, log: Path) -> float:
+    """One run in its own process; its wall time in seconds (0 when it had finished before)."""
+    if (run_dir / "results.json").is_file():
+        return 0.0
+    command = _fedmtl(
+        "fit", "--config", str(config), "--algorithm", method, "--seed", str(seed),
+        "--run_dir", str(run_dir), "--cpu_threads", "1", "--resume", "true",
+    )  # fmt: skip
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{method} seed {seed} failed (exit {done.returncode}); its log: {log}")
+    return time.perf_counter() - start
+
+
+def load_config(config: Path):
+    from fedmtl.cli import _run_parser
+
+    parser = _run_parser()
+    return parser.instantiate(parser.parse_args(["--config", str(config)]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder of the runs and the report")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one CPU thread each)")
+    args = parser.parse_args(argv)
+    if not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+
+    from fedmtl.cli import _ensure_data
+    from fedmtl.tasks import TASKS
+    from fedmtl.trivial import learnt_table, scenario_trivial_metrics
+
+    start = time.perf_counter()
+    cfg = load_config(args.config)
+    _ensure_data(cfg)  # once, before the runs start in parallel
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    jobs = {
+        (method, seed): (args.out / method / f"seed_{seed}", args.out / "logs" / f"{method}_seed_{seed}.log")
+        for seed in args.seeds
+        for method in args.methods
+    }
+    seconds: dict[str, float] = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {
+            pool.submit(run_one, args.config, method, seed, run_dir, log): f"{method}/seed_{seed}"
+            for (method, seed), (run_dir, log) in jobs.items()
+        }
+        for future in tqdm(as_completed(futures), total=len(futures), desc="runs"):
+            try:
+                seconds[futures[future]] = future.result()
+            except RuntimeError as failed:  # the runs under way finish; nothing else starts
+                for queued in futures:
+                    queued.cancel()
+                print(f"error: {failed}", file=sys.stderr)
+                return 1
+
+    trivial = scenario_trivial_metrics(cfg)
+    (args.out / "trivial.json").write_text(json.dumps(trivial, indent=2))
+    run_dirs = [str(run_dir) for run_dir, _ in jobs.values()]
+    for fmt, suffix in (("markdown", "md"), ("csv", "csv")):
+        target = args.out / f"report.{suffix}"
+        target.unlink(missing_ok=True)  # the report is this command's own output, redone each time
+        report = subprocess.run(_fedmtl("report", *run_dirs, "--format", fmt, "--output", str(target)))
+        if report.returncode != 0:  # fedmtl report said why on stderr
+            return report.returncode
+    wall = time.perf_counter() - start
+    (args.out / "timing.json").write_text(json.dumps({"wall_seconds": wall, "runs": seconds}, indent=2))
+    lower = {TASKS.get(t).metric_name for t in TASKS if TASKS.get(t).lower_is_better}
+    learnt = learnt_table(args.out / "report.csv", trivial, lower)
+    (args.out / "learnt.md").write_text(learnt + "\n")
+    print((args.out / "report.md").read_text())
+    print(learnt)
+    print(f"wall time: {wall / 60:.1f} min for {len(jobs)} runs, {args.jobs} at a time")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,13 +18,8 @@ from skimage.morphology import thin as skimage_thin
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fedmtl.metrics import DepthRMSE, EdgeODSF, MeanIoU, NormalsMeanError, SaliencyMaxF, delta_m
-from fedmtl.metrics.edge import (
-    BoundaryMatcher,
-    edge_thresholds,
-    grey_level_table,
-    max_bipartite_matching_size,
-    quantize_edge,
-)
+from fedmtl.metrics._edge_reference import BoundaryMatcher, max_bipartite_matching_size
+from fedmtl.metrics.edge import edge_thresholds, grey_level_table, quantize_edge
 from fedmtl.metrics.saliency import threshold_counts
 from fedmtl.metrics.thinning import thin
 
@@ -400,7 +395,8 @@ def test_thin_matches_skimage_on_random_maps() -> None:
 
 
 def test_boundary_matcher_is_a_maximum_matching() -> None:
-    # Against scipy's Hopcroft-Karp on small random maps (there it is fast and exact).
+    # The reference matcher (tests/test_edge_fast.py compares the fast counts with it) against
+    # scipy's Hopcroft-Karp on small random maps (there it is fast and exact).
     rng = np.random.default_rng(1)
     for _ in range(20):
         gt, pred = rng.random((2, 20, 20)) < 0.15

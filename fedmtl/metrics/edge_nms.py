@@ -62,12 +62,23 @@ Sources and what was checked
   (NaN -> 0); ``E*255`` is a single-precision product. :func:`matlab_uint8`.
 * The input: ``double(png)/255`` rounded to single — :func:`structured_edge_nms` takes the uint8
   grey levels fedmtl already computes (:func:`fedmtl.metrics.edge.quantize_edge`).
+
+Speed (issue #13)
+-----------------
+The arithmetic loops (``convTri``, ``gradient2``, the orientation ratio, ``edgesNmsMex``'s
+interpolation, the uint8 conversion) are compiled with numba, element by element in the
+operation order of the numpy code they replaced, without fast-math (so no reassociation or
+fused multiply-add); ``edgesNmsMex`` stops at the first neighbour that suppresses a pixel (the
+outcome is an OR over d). ``atan``, ``cos`` and ``sin`` stay numpy's: another implementation
+could differ in the last bit. The numpy code is kept in :mod:`fedmtl.metrics._edge_reference`;
+the tests check the grey levels, orientation and maps equal, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
 # nms_process.m: edgesNmsMex(E, O, 4, 5, 1.01, 4) — radius, boundary fade, multiplier (threads).
@@ -75,6 +86,7 @@ NMS_RADIUS = 4
 NMS_BORDER = 5
 NMS_MULTIPLIER = 1.01
 _F32 = np.float32
+_GREY_TO_SINGLE = (np.arange(256, dtype=np.float64) / 255.0).astype(_F32)
 
 
 def conv_tri(image: np.ndarray, r: float) -> np.ndarray:
@@ -94,20 +106,61 @@ def conv_tri(image: np.ndarray, r: float) -> np.ndarray:
         r = int(r)
         taps = np.concatenate([np.arange(1, r + 2), np.arange(r, 0, -1)]) / (r + 1) ** 2
     padded = np.pad(image.astype(np.float64), r, mode="symmetric")  # = padarray(…, 'symmetric')
-    rows = sum(t * padded[:, k : k + w] for k, t in enumerate(taps))
-    return sum(t * rows[k : k + h] for k, t in enumerate(taps)).astype(_F32)
+    return _separable_valid_conv(padded, np.asarray(taps, dtype=np.float64))
 
 
+@numba.njit(cache=True, nogil=True)
+def _separable_valid_conv(padded: np.ndarray, taps: np.ndarray) -> np.ndarray:
+    """'valid' convolution with ``taps`` along x, then along y, in float64, rounded to float32.
+
+    Each output is accumulated from 0.0 tap by tap in order, i.e. numpy's
+    ``sum(t * padded[:, k : k + w] for k, t in enumerate(taps))`` element by element (the
+    bit-identical float64 sums of the earlier numpy code, without its temporaries).
+    """
+    n = taps.size
+    h, w = padded.shape[0] - n + 1, padded.shape[1] - n + 1
+    rows = np.empty((padded.shape[0], w), dtype=np.float64)
+    for y in range(padded.shape[0]):
+        for x in range(w):
+            acc = 0.0
+            for k in range(n):
+                acc += taps[k] * padded[y, x + k]
+            rows[y, x] = acc
+    out = np.empty((h, w), dtype=np.float32)
+    for y in range(h):
+        for x in range(w):
+            acc = 0.0
+            for k in range(n):
+                acc += taps[k] * rows[y + k, x]
+            out[y, x] = np.float32(acc)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def _conv_tri1_mex(image: np.ndarray, p: np.float32) -> np.ndarray:
-    """convConst.cpp ``convTri1`` with s = 1, float32, in the C code's operation order."""
-    nrm = _F32(1) / ((p + _F32(2)) * (p + _F32(2)))
-    left = np.concatenate([image[:, :1], image[:, :-1]], axis=1)  # Il: x-1, or x itself at x = 0
-    right = np.concatenate([image[:, 1:], image[:, -1:]], axis=1)  # Ir: x+1, or x at x = w-1
-    t = nrm * ((left + p * image) + right)
-    out = np.empty_like(t)
-    out[1:-1] = (t[:-2] + p * t[1:-1]) + t[2:]
-    out[0] = (_F32(1) + p) * t[0] + t[1]
-    out[-1] = t[-2] + (_F32(1) + p) * t[-1]
+    """convConst.cpp ``convTri1`` with s = 1, float32, in the C code's operation order.
+
+    A pass across columns ``nrm·((I[x-1] + p·I[x]) + I[x+1])`` (the border column standing in
+    for its missing neighbour), then down rows ``(T[y-1] + p·T[y]) + T[y+1]``, the first/last
+    row ``(1+p)·T[0] + T[1]`` / ``T[h-2] + (1+p)·T[h-1]``. Needs h, w >= 2.
+    """
+    h, w = image.shape
+    one, two = np.float32(1.0), np.float32(2.0)
+    nrm = one / ((p + two) * (p + two))
+    t = np.empty((h, w), dtype=np.float32)
+    for y in range(h):
+        for x in range(w):
+            left = image[y, x - 1] if x > 0 else image[y, 0]
+            right = image[y, x + 1] if x < w - 1 else image[y, w - 1]
+            t[y, x] = nrm * ((left + p * image[y, x]) + right)
+    out = np.empty((h, w), dtype=np.float32)
+    q = one + p
+    for x in range(w):
+        out[0, x] = q * t[0, x] + t[1, x]
+        out[h - 1, x] = t[h - 2, x] + q * t[h - 1, x]
+    for y in range(1, h - 1):
+        for x in range(w):
+            out[y, x] = (t[y - 1, x] + p * t[y, x]) + t[y + 1, x]
     return out
 
 
@@ -129,30 +182,144 @@ def gradient2(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def edge_orientation(edges: np.ndarray) -> np.ndarray:
     """nms_process.m: ``O = mod(atan(Oyy.*sign(-Oxy)./(Oxx+1e-5)), pi)`` of ``convTri(E, 4)``."""
-    ox, oy = gradient2(conv_tri(edges, 4))
-    oxx, _ = gradient2(ox)
-    oxy, oyy = gradient2(oy)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (oyy * np.sign(-oxy)) / (oxx + _F32(1e-5))
-    angle = np.arctan(ratio.astype(np.float64)).astype(_F32)
-    angle = np.where(angle < 0, angle + _F32(math.pi), angle)
-    return np.nan_to_num(angle, nan=0.0).astype(_F32)
+    ratio = _orientation_ratio(conv_tri(edges, 4))
+    return _wrap_angle(np.arctan(ratio.astype(np.float64)).astype(_F32))
 
 
-def _interp(flat: np.ndarray, h: int, w: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """edgesNmsMex.cpp ``interp``: bilinear value of the [h, w] map ``flat`` (raveled) at (x, y)."""
-    x = np.where(x < 0, _F32(0), np.where(x.astype(np.float64) > w - 1.001, _F32(w - 1.001), x))
-    y = np.where(y < 0, _F32(0), np.where(y.astype(np.float64) > h - 1.001, _F32(h - 1.001), y))
-    x0, y0 = x.astype(np.int64), y.astype(np.int64)
-    x1, y1 = np.minimum(x0 + 1, w - 1), np.minimum(y0 + 1, h - 1)  # only h or w = 1 needs this
-    dx0, dy0 = x - x0.astype(_F32), y - y0.astype(_F32)
-    dx1, dy1 = _F32(1) - dx0, _F32(1) - dy0
-    return (
-        flat[y0 * w + x0] * dx1 * dy1
-        + flat[y0 * w + x1] * dx0 * dy1
-        + flat[y1 * w + x0] * dx1 * dy0
-        + flat[y1 * w + x1] * dx0 * dy0
-    )
+@numba.njit(cache=True, nogil=True)
+def _ddx(image: np.ndarray) -> np.ndarray:
+    """Gx of :func:`gradient2` (gradientMex ``grad1`` along columns), float32."""
+    h, w = image.shape
+    out = np.zeros((h, w), dtype=np.float32)
+    if w >= 2:
+        half = np.float32(0.5)
+        for y in range(h):
+            out[y, 0] = image[y, 1] - image[y, 0]
+            for x in range(1, w - 1):
+                out[y, x] = (image[y, x + 1] - image[y, x - 1]) * half
+            out[y, w - 1] = image[y, w - 1] - image[y, w - 2]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _ddy(image: np.ndarray) -> np.ndarray:
+    """Gy of :func:`gradient2` (gradientMex ``grad1`` along rows), float32."""
+    h, w = image.shape
+    out = np.zeros((h, w), dtype=np.float32)
+    if h >= 2:
+        half = np.float32(0.5)
+        for x in range(w):
+            out[0, x] = image[1, x] - image[0, x]
+            out[h - 1, x] = image[h - 1, x] - image[h - 2, x]
+        for y in range(1, h - 1):
+            for x in range(w):
+                out[y, x] = (image[y + 1, x] - image[y - 1, x]) * half
+    return out
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _orientation_ratio(smooth: np.ndarray) -> np.ndarray:
+    """``Oyy .* sign(-Oxy) ./ (Oxx + 1e-5)`` of ``smooth`` = convTri(E, 4), float32 throughout.
+
+    The same float32 operations as ``gradient2`` and numpy's ``sign`` (±0 -> 0, NaN stays);
+    division by zero gives ±inf or NaN (``error_model="numpy"``), as in numpy and MATLAB.
+    """
+    ox, oy = _ddx(smooth), _ddy(smooth)
+    oxx, oxy, oyy = _ddx(ox), _ddx(oy), _ddy(oy)
+    h, w = smooth.shape
+    eps = np.float32(1e-5)
+    zero, one = np.float32(0.0), np.float32(1.0)
+    out = np.empty((h, w), dtype=np.float32)
+    for y in range(h):
+        for x in range(w):
+            v = -oxy[y, x]
+            if v > zero:
+                sign = one
+            elif v < zero:
+                sign = -one
+            elif v == zero:
+                sign = zero
+            else:
+                sign = v  # NaN
+            out[y, x] = (oyy[y, x] * sign) / (oxx[y, x] + eps)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _wrap_angle(angle: np.ndarray) -> np.ndarray:
+    """``mod(a, pi)`` for a = atan(·) in [-π/2, π/2]: a + single(pi) where a < 0; NaN -> 0."""
+    h, w = angle.shape
+    pi = np.float32(math.pi)
+    out = np.empty((h, w), dtype=np.float32)
+    for y in range(h):
+        for x in range(w):
+            a = angle[y, x]
+            if a < 0:
+                a = a + pi
+            out[y, x] = a if a == a else np.float32(0.0)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _suppress(
+    flat: np.ndarray,
+    h: int,
+    w: int,
+    idx: np.ndarray,
+    cos_o: np.ndarray,
+    sin_o: np.ndarray,
+    r: int,
+    m: np.float32,
+    out: np.ndarray,
+) -> None:
+    """edgesNmsMex.cpp's loop: zero ``out[idx[i]]`` if e·m < the map interpolated at d = ±1 … ±r.
+
+    ``flat`` is the [h, w] float32 map raveled, ``idx`` its nonzero pixels, ``cos_o``/``sin_o``
+    their float32 cos/sin of the orientation. Every float32 operation of ``interp`` is the C
+    code's (and the earlier numpy code's), in the same order; a pixel stops at the first
+    neighbour that suppresses it (the outcome is an OR over d, so the order of d is free).
+    """
+    x_limit, y_limit = w - 1.001, h - 1.001  # compared in double, as in C
+    x_cap, y_cap = np.float32(x_limit), np.float32(y_limit)
+    zero, one = np.float32(0.0), np.float32(1.0)
+    for i in range(idx.size):
+        p = idx[i]
+        py = p // w
+        px = p - py * w
+        e = flat[p] * m
+        xf, yf = np.float32(px), np.float32(py)
+        c, s = cos_o[i], sin_o[i]
+        suppressed = False
+        for k in range(1, r + 1):
+            for sign in range(2):
+                d = np.float32(k) if sign == 0 else np.float32(-k)
+                x = xf + d * c
+                y = yf + d * s
+                if x < zero:
+                    x = zero
+                elif np.float64(x) > x_limit:
+                    x = x_cap
+                if y < zero:
+                    y = zero
+                elif np.float64(y) > y_limit:
+                    y = y_cap
+                x0, y0 = int(x), int(y)
+                x1, y1 = min(x0 + 1, w - 1), min(y0 + 1, h - 1)  # only h or w = 1 needs this
+                dx0, dy0 = x - np.float32(x0), y - np.float32(y0)
+                dx1, dy1 = one - dx0, one - dy0
+                value = (
+                    flat[y0 * w + x0] * dx1 * dy1
+                    + flat[y0 * w + x1] * dx0 * dy1
+                    + flat[y1 * w + x0] * dx1 * dy0
+                    + flat[y1 * w + x1] * dx0 * dy0
+                )
+                if e < value:
+                    suppressed = True
+                    break
+            if suppressed:
+                break
+        if suppressed:
+            out[p] = zero
 
 
 def edges_nms(
@@ -163,22 +330,15 @@ def edges_nms(
     m: float = NMS_MULTIPLIER,
 ) -> np.ndarray:
     """pdollar/edges ``edgesNmsMex(E, O, r, s, m)`` of an [H, W] map; float32 out."""
-    e0 = np.asarray(edges, dtype=_F32)
+    e0 = np.ascontiguousarray(edges, dtype=_F32)
     h, w = e0.shape
     out = e0.copy()
-    ys, xs = np.nonzero(e0)
-    if ys.size:
-        flat = e0.ravel()
-        e = flat[ys * w + xs] * _F32(m)
-        theta = orientation[ys, xs].astype(np.float64)
+    flat = e0.ravel()
+    idx = np.flatnonzero(flat)
+    if idx.size:
+        theta = np.asarray(orientation).ravel()[idx].astype(np.float64)
         cos_o, sin_o = np.cos(theta).astype(_F32), np.sin(theta).astype(_F32)
-        xf, yf = xs.astype(_F32), ys.astype(_F32)
-        suppressed = np.zeros(ys.size, dtype=bool)
-        for d in range(-r, r + 1):
-            if d:
-                neighbour = _interp(flat, h, w, xf + _F32(d) * cos_o, yf + _F32(d) * sin_o)
-                suppressed |= e < neighbour
-        out[ys[suppressed], xs[suppressed]] = 0
+        _suppress(flat, h, w, idx, cos_o, sin_o, int(r), _F32(m), out.ravel())
     # "suppress noisy edge estimates near boundaries"
     s = min(s, w // 2, h // 2)
     if s > 0:
@@ -201,6 +361,21 @@ def structured_edge_nms(levels: np.ndarray) -> np.ndarray:
     """[H, W] uint8 grey levels -> [H, W] uint8 grey levels after innovator-zero/seism ``nms_process.m``."""
     if levels.dtype != np.uint8 or levels.ndim != 2:
         raise TypeError(f"expected a 2-D uint8 grey-level map, got {levels.dtype} of shape {levels.shape}")
-    edges = conv_tri((levels.astype(np.float64) / 255.0).astype(_F32), 1)
+    edges = conv_tri(_GREY_TO_SINGLE[levels], 1)  # single(double(png) / 255)
     edges = edges_nms(edges, edge_orientation(edges))
-    return matlab_uint8(edges * _F32(255))
+    return _grey_levels(edges)
+
+
+@numba.njit(cache=True, nogil=True)
+def _grey_levels(edges: np.ndarray) -> np.ndarray:
+    """``matlab_uint8(edges * float32(255))`` of a 2-D float32 map, in one pass."""
+    h, w = edges.shape
+    out = np.empty((h, w), dtype=np.uint8)
+    for y in range(h):
+        for x in range(w):
+            v = edges[y, x] * np.float32(255.0)  # the single-precision product
+            if v > 0:  # NaN, zero and negative values give 0
+                out[y, x] = np.uint8(min(np.floor(np.float64(v) + 0.5), 255.0))
+            else:
+                out[y, x] = 0
+    return out

@@ -1,0 +1,105 @@
+"""Edge odsF per-image counts: the code path before issue #13 against the fast one.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/edge_eval.py [--repeats 5] [--threads 1]
+        [--sizes 96x96 512x512] [--nms on off]
+
+Times ``edge_image_counts`` (fedmtl/metrics/edge.py) against
+``reference_edge_image_counts`` (fedmtl/metrics/_edge_reference.py, the earlier code: numpy
+NMS, numpy thinning of every distinct map, a maximum flow per map) on one image per case, 99
+thresholds, max_dist 0.0075 (PASCAL-Context), in turns after one warm-up each (the warm-up
+also loads or compiles the numba kernels). Printed per case: the median of ``--repeats`` runs
+of each and the ratio reference / fast measured in the same run. The counts of the two are
+checked equal first.
+
+Images (seeded): the ground truth is the BSDS ``seg2bmap`` boundary of a map of smooth random
+regions. "blurry": what a barely trained model gives, every pixel > 0.01 — sigmoid of the
+ground truth blurred (σ = 2 px) plus smooth noise, squeezed into [0.012, 0.988]. "sharp": a
+confident model, 0.9 on the true boundary, uniform noise in [0, 0.05) elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from methods import interleaved  # noqa: E402  (benchmarks/methods.py: the same turn-taking timer)
+from scipy.ndimage import gaussian_filter  # noqa: E402
+
+from fedmtl.data.pascal_context import seg2bmap  # noqa: E402
+from fedmtl.metrics._edge_reference import reference_edge_image_counts  # noqa: E402
+from fedmtl.metrics.edge import edge_image_counts, edge_thresholds, quantize_edge  # noqa: E402
+
+MAX_DIST = 0.0075
+
+
+def ground_truth(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """[H, W] uint8 0/1: seg2bmap of the argmax of 5 smooth noise channels (blob-shaped regions)."""
+    channels = gaussian_filter(rng.standard_normal((5, h, w)), sigma=(0, min(h, w) / 12, min(h, w) / 12))
+    return seg2bmap(channels.argmax(axis=0)).astype(np.uint8)
+
+
+def blurry(gt: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    h, w = gt.shape
+    ridge = gaussian_filter(gt.astype(np.float64), 2.0)
+    noise = gaussian_filter(rng.standard_normal((h, w)), max(h, w) / 24)
+    logit = 3 * (ridge / ridge.max() - 0.3) + noise / noise.std()
+    return 0.012 + 0.976 / (1 + np.exp(-logit))
+
+
+def sharp(gt: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.clip(0.9 * gt + 0.05 * rng.random(gt.shape), 0, 1)
+
+
+def grey(prob: np.ndarray) -> np.ndarray:
+    return quantize_edge(torch.from_numpy(prob.astype(np.float32))).numpy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sizes", nargs="+", default=["96x96", "512x512"], help="HxW")
+    parser.add_argument("--nms", nargs="+", choices=["on", "off"], default=["on", "off"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    thresholds = edge_thresholds()
+    print(
+        f"threads={torch.get_num_threads()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
+        f"median of {args.repeats}, 99 thresholds, max_dist {MAX_DIST}"
+    )
+    print(f"{'size':>8} {'prediction':<7} {'nms':<3} {'reference':>12} {'fast':>10} {'ratio':>7}")
+    for size in args.sizes:
+        h, w = (int(v) for v in size.split("x"))
+        rng = np.random.default_rng(0)
+        gt = ground_truth(h, w, rng)
+        for name, make in (("blurry", blurry), ("sharp", sharp)):
+            pred = grey(make(gt, rng))
+            for nms in args.nms:
+                on = nms == "on"
+                fast = edge_image_counts(pred, gt, thresholds, MAX_DIST, nms=on)
+                if not np.array_equal(
+                    fast, reference_edge_image_counts(pred, gt, thresholds, MAX_DIST, nms=on)
+                ):
+                    raise SystemExit(f"{size} {name} nms={nms}: the counts differ from the reference")
+
+                def reference(p: np.ndarray = pred, g: np.ndarray = gt, o: bool = on) -> np.ndarray:
+                    return reference_edge_image_counts(p, g, thresholds, MAX_DIST, nms=o)
+
+                def fast(p: np.ndarray = pred, g: np.ndarray = gt, o: bool = on) -> np.ndarray:
+                    return edge_image_counts(p, g, thresholds, MAX_DIST, nms=o)
+
+                runs = interleaved({"reference": reference, "fast": fast}, args.repeats)
+                ref, new = statistics.median(runs["reference"]), statistics.median(runs["fast"])
+                print(
+                    f"{size:>8} {name:<7} {nms:<3} {ref * 1e3:9.1f} ms {new * 1e3:7.1f} ms {ref / new:6.1f}x",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "trivial.json").write_text(json.dumps(trivial, indent=2))
     run_dirs = [str(run_dir) for run_dir, _ in jobs.values()]
     for fmt, suffix in (("markdown", "md"), ("csv", "csv")):
-        target = args.out / f"report.{suffix}"
-        target.unlink(missing_ok=True)  # the report is this command's own output, redone each time
-        report = subprocess.run(_fedmtl("report", *run_dirs, "--format", fmt, "--output", str(target)))
+        target = str(args.out / f"report.{suffix}")  # this command's own output, redone each time
+        report = subprocess.run(
+            _fedmtl("report", *run_dirs, "--format", fmt, "--output", target, "--overwrite", "true")
+        )
         if report.returncode != 0:  # fedmtl report said why on stderr
             return report.returncode
     wall = time.perf_counter() - start

@@ -6,8 +6,10 @@
 Each run is ``fedmtl fit --config CONFIG --algorithm METHOD --seed S --cpu_threads 1`` in its
 own process, ``--jobs`` at a time, into ``OUT/METHOD/seed_S``. A run with a results.json is
 finished and is not run again; an interrupted one resumes (``--resume true``), so the command
-can be stopped and restarted. Nothing outside ``OUT`` is written except the config's generated
-data, made once before the runs start.
+can be stopped and restarted. A finished run whose config.yaml differs from what this command
+would run (in what the run computes: ``fedmtl fit``'s resume rule) stops the command before
+anything runs: its results would otherwise enter the report under the new config. Nothing
+outside ``OUT`` is written except the config's generated data, made once before the runs start.
 
 At the end it writes, in ``OUT``:
 
@@ -51,14 +53,43 @@ def _fedmtl(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedmtl", *args]
 
 
+def fit_args(config: Path, method: str, seed: int, run_dir: Path) -> list[str]:
+    """The ``fedmtl fit`` arguments of one run."""
+    return [
+        "--config", str(config), "--algorithm", method, "--seed", str(seed),
+        "--run_dir", str(run_dir), "--cpu_threads", "1", "--resume", "true",
+    ]  # fmt: skip
+
+
+def stale_runs(config: Path, jobs: dict[tuple[str, int], tuple[Path, Path]]) -> list[str]:
+    """The finished runs (results.json) made with a config that computes something else than
+    this command's (``fedmtl fit``'s own resume rule): kept as they are, they would enter the
+    report as if this config had made them."""
+    from fedmtl.cli import _run_parser
+    from fedmtl.federated.rundir import config_changes
+
+    parser = _run_parser()
+    stale = []
+    for (method, seed), (run_dir, _) in jobs.items():
+        if not (run_dir / "results.json").is_file():
+            continue  # absent or unfinished: fit itself refuses a resume with another config
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            stale.append(f"{run_dir}: finished, but its config.yaml is missing")
+            continue
+        now = parser.parse_args(fit_args(config, method, seed, run_dir))
+        now.pop("config", None)
+        changes = config_changes(parser.parse_path(str(saved)).as_dict(), now.as_dict())
+        if changes:
+            stale.append(f"{run_dir}: {'; '.join(changes)}")
+    return stale
+
+
 def run_one(config: Path, method: str, seed: int, run_dir: Path, log: Path) -> float:
     """One run in its own process; its wall time in seconds (0 when it had finished before)."""
     if (run_dir / "results.json").is_file():
         return 0.0
-    command = _fedmtl(
-        "fit", "--config", str(config), "--algorithm", method, "--seed", str(seed),
-        "--run_dir", str(run_dir), "--cpu_threads", "1", "--resume", "true",
-    )  # fmt: skip
+    command = _fedmtl("fit", *fit_args(config, method, seed, run_dir))
     start = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
@@ -93,13 +124,22 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     cfg = load_config(args.config)
-    _ensure_data(cfg)  # once, before the runs start in parallel
-    (args.out / "logs").mkdir(parents=True, exist_ok=True)
     jobs = {
         (method, seed): (args.out / method / f"seed_{seed}", args.out / "logs" / f"{method}_seed_{seed}.log")
         for seed in args.seeds
         for method in args.methods
     }
+    stale = stale_runs(args.config, jobs)
+    if stale:
+        print(
+            f"error: {len(stale)} finished run(s) in {args.out} were made with another config than "
+            f"{args.config}:\n  " + "\n  ".join(stale) + f"\nNothing was run or changed. Move {args.out} "
+            "aside (or pass another --out) to run the benchmark again, or restore the config they were made with.",
+            file=sys.stderr,
+        )
+        return 2
+    _ensure_data(cfg)  # once, before the runs start in parallel
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {

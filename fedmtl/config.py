@@ -181,12 +181,17 @@ class DataConfig:
         num_workers: DataLoader worker processes per client (0: load in the training process).
         synth: dataset name -> synthetic data to generate when that dataset is missing (instead of
             failing), e.g. {nyud: {num_train: 100, size: [96, 96]}}.
+        scale_range: [min, max] of the training augmentation's random rescaling, 0 < min <= max;
+            the public code's [0.5, 2.0] by default. [1.0, 1.0] turns it off: on tiny images it
+            moves edges by pixels the edge metric does not forgive, and its depth / factor asks
+            a from-scratch model for a scale it cannot see (README, "What it takes to learn").
     """
 
     root: str | None = None
     train_size: tuple[int, int] | None = None
     num_workers: int = 0
     synth: dict[str, SynthConfig] | None = None
+    scale_range: tuple[float, float] = (0.5, 2.0)
 
     def __post_init__(self) -> None:
         if self.train_size is not None and min(self.train_size) < MIN_TRAIN_SIZE:
@@ -195,6 +200,12 @@ class DataConfig:
                 f"downsamples by 32), got {list(self.train_size)}; or null for the paper's sizes"
             )
         _at_least("data.num_workers", self.num_workers, 0, " (0: load in the training process)")
+        low, high = self.scale_range
+        if not (math.isfinite(low) and math.isfinite(high) and 0 < low <= high):
+            raise ValueError(
+                f"data.scale_range must be [min, max] with 0 < min <= max, got {list(self.scale_range)}; "
+                "[0.5, 2.0] is the public code's, [1.0, 1.0] turns the rescaling off"
+            )
         # Checked here, not in SynthConfig.__post_init__: jsonargparse would wrap an error raised
         # inside the `dict | None` type in a multi-line union report, and here the key is known.
         for dataset, synth in (self.synth or {}).items():

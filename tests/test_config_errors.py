@@ -46,6 +46,13 @@ REFUSED = {
     "model.embed_dim 0": ({}, ["--model.embed_dim", "0"], "model.embed_dim", "or null"),
     "data.num_workers -1": ({}, ["--data.num_workers", "-1"], "data.num_workers", "got -1"),
     "data.train_size 16x32": ({}, ["--data.train_size", "[16, 32]"], "data.train_size", "or null"),
+    "data.scale_range max < min": (
+        {},
+        ["--data.scale_range", "[2.0, 0.5]"],
+        "data.scale_range",
+        "[1.0, 1.0] turns the rescaling off",
+    ),
+    "data.scale_range 0": ({}, ["--data.scale_range", "[0.0, 1.0]"], "data.scale_range", "0 < min <= max"),
     "data.synth num_train 0": (
         {},
         ["--data.synth", '{"nyud": {"num_train": 0}}'],
@@ -178,5 +185,6 @@ def test_fit_help_describes_the_fields(capsys):
         "--model.pretrained_strict {true,false} true: every encoder tensor must be in pretrained_file",
         "--evaluation.every EVERY rounds between evaluations on the full validation set;",
         "--data.train_size TRAIN_SIZE training crop and evaluation padding [height, width],",
+        "--data.scale_range [ITEM,...] [min, max] of the training augmentation's random rescaling,",
     ]:
         assert described in help_text

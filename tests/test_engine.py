@@ -149,3 +149,19 @@ def test_a_disk_store_gives_the_results_of_a_memory_store_and_cleans_up(tmp_path
     assert disk == memory
     assert not list((tmp_path / "disk" / "store").rglob("*.pt"))  # the checkpoint keeps the states
     assert checkpoint.latest(tmp_path / "disk").name == "round_0002"
+
+
+def test_data_scale_range_reaches_every_training_set(tmp_path, data_root, monkeypatch):
+    from fedmtl.federated import engine
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append((args[2], kwargs.get("scale_range")))
+        return build(*args, **kwargs)
+
+    build = engine.build_dataset
+    monkeypatch.setattr(engine, "build_dataset", recording)
+    _fit(_config(tmp_path, data_root, rounds=1), tmp_path / "run", "--data.scale_range", "[1.0, 1.25]")
+    assert {split for split, _ in seen} == {"train", "val"}
+    assert {tuple(scale) for _, scale in seen} == {(1.0, 1.25)}

@@ -171,6 +171,20 @@ def test_scale_range():
     assert 0.5 <= min(scales) < 0.7 and 1.8 < max(scales) <= 2.0
 
 
+@pytest.mark.parametrize("scale_range", [(1.0, 1.0), (0.8, 1.25)])
+def test_train_transforms_rescale_within_the_given_range(scale_range):
+    # depth is divided by the factor drawn: its ratio to the unscaled depth reads the factor back
+    sample = make_sample()
+    sample["depth"][:] = 2.0
+    factors = set()
+    for seed in range(40):
+        out = train_transforms((H, W), scale_range)(sample, rng(seed))
+        valid = out["depth"] != IGNORE
+        factors |= {round(2.0 / float(d), 3) for d in out["depth"][valid].unique()}
+    assert min(factors) >= scale_range[0] - 1e-3 and max(factors) <= scale_range[1] + 1e-3
+    assert (len(factors) == 1) == (scale_range[0] == scale_range[1])
+
+
 def test_crop_window_is_aligned_across_keys():
     sample = make_sample()
     sample["semseg"] = np.arange(H * W, dtype=np.float32).reshape(H, W)  # every pixel unique

@@ -25,7 +25,14 @@ import numpy as np
 import torch
 
 from fedmtl.data.layout import SPLITS, read_split
-from fedmtl.data.transforms import Sample, Transform, as_size, eval_transforms, train_transforms
+from fedmtl.data.transforms import (
+    PAPER_SCALE_RANGE,
+    Sample,
+    Transform,
+    as_size,
+    eval_transforms,
+    train_transforms,
+)
 from fedmtl.registry import Registry
 from fedmtl.tasks import TASKS
 
@@ -224,6 +231,7 @@ def build_dataset(
     augment: bool | None = None,
     indices: Sequence[int] | None = None,
     seed: int = 0,
+    scale_range: Sequence[float] = PAPER_SCALE_RANGE,
 ) -> DenseDataset:
     """A dataset with the transforms of the public code.
 
@@ -233,12 +241,14 @@ def build_dataset(
         evaluation transform (normalise and pad to ``train_size``).
     indices: a subset of the split, e.g. one client's partition.
     seed: augmentation seed (per sample and epoch, see ``DenseDataset.rng``).
+    scale_range: [min, max] of the training augmentation's random rescaling (the public code's
+        0.5-2.0 by default; depth is divided by the factor).
     """
     spec = DATASETS.get(name)
     size = as_size(train_size) if train_size is not None else spec.train_size
     if augment is None:
         augment = split == "train"
-    transform = train_transforms(size) if augment else eval_transforms(size)
+    transform = train_transforms(size, scale_range) if augment else eval_transforms(size)
     return spec.dataset_class(
         dataset_root(spec, root), split=split, tasks=tasks, transform=transform, indices=indices, seed=seed
     )

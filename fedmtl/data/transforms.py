@@ -370,11 +370,16 @@ class ToTensor:
         return out
 
 
-def train_transforms(size: int | Sequence[int]) -> Compose:
+#: The public code's training rescaling range.
+PAPER_SCALE_RANGE = (0.5, 2.0)
+
+
+def train_transforms(size: int | Sequence[int], scale_range: Sequence[float] = PAPER_SCALE_RANGE) -> Compose:
+    """The public code's training augmentation; ``scale_range`` bounds the random rescaling."""
     size = as_size(size)
     return Compose(
         (
-            RandomScale(0.5, 2.0),
+            RandomScale(*scale_range),
             RandomCrop(size, cat_max_ratio=0.75),
             RandomHorizontalFlip(),
             PhotoMetricDistortion(),

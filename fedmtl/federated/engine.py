@@ -125,6 +125,7 @@ class Simulation:
             train_size=self._img_size(i),
             indices=spec.train_indices if split == "train" else None,
             seed=derive_seed(self.cfg.seed, "augment", i),
+            scale_range=self.cfg.data.scale_range,
         )
 
     def _num_samples(self, i: int) -> int:

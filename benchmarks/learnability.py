@@ -1,0 +1,148 @@
+"""Does a task learn? One client trained alone, against the task's trivial predictor.
+
+    python benchmarks/learnability.py --dataset pascal_context --tasks semseg human_parts \
+        --images 60 --epochs 10 40 --lr 0.002 0.01 --seeds 0 1 --size 32
+
+For every task, learning rate, epoch count and seed, it trains a fresh single-task client on
+the first ``--images`` training images of the generated dataset (one client's partition in
+the benchmark) exactly as a Local client trains it (:class:`fedmtl.federated.client.ClientModule`:
+the same model, loss, AdamW and per-epoch cosine, batch 8, no warm-up, the training
+augmentation with ``--scale_range``), then scores it on the
+validation split next to the trivial predictor (:mod:`fedmtl.trivial`). It answers, in
+seconds per setting, what ``make benchmark`` answers in an hour: which tasks learn on this
+data with this many steps. No federation, no engine: the loop is the engine's local epoch
+without the round machinery, so a probe costs what its optimiser steps cost.
+
+The data are generated into ``--root`` (default ``data/learnability/SIZE``) when that folder
+does not hold them; an existing dataset is read, never rewritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def train_and_score(
+    dataset: str, root: Path, task: str, images: int, epochs: int, lr: float, seed: int, size, scale_range
+):
+    """The metric of a single-task client after ``epochs`` local epochs, and its optimiser steps."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from fedmtl.config import ModelConfig, OptimizerConfig
+    from fedmtl.data.datasets import build_dataset
+    from fedmtl.federated.client import ClientModule, ClientSpec, end_epoch
+
+    torch.manual_seed(seed)
+    spec = ClientSpec(
+        name=f"{dataset}-{task}",
+        dataset=dataset,
+        tasks=(task,),
+        local_epochs=epochs,
+        batch_size=8,
+        train_indices=tuple(range(images)),
+        optimizer=OptimizerConfig(lr=lr, warmup_epochs=0),
+    )
+    client = ClientModule(spec, ModelConfig(), total_epochs=epochs)
+    train = build_dataset(
+        dataset, root, "train", [task], size, indices=spec.train_indices, seed=seed, scale_range=scale_range
+    )
+    loader = DataLoader(train, batch_size=spec.batch_size, shuffle=True, drop_last=True)
+    optimizer, scheduler = client.configure_optimizers()
+    steps = 0
+    client.train()
+    for epoch in range(epochs):
+        for batch in loader:
+            loss = client.training_step(batch)["total"]
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        end_epoch(scheduler, epoch)
+    client.eval()
+    with torch.no_grad():
+        for batch in DataLoader(build_dataset(dataset, root, "val", [task], size), batch_size=8):
+            client.validation_step(batch)
+    return client.compute_metrics()[task], steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", choices=("pascal_context", "nyud"), default="pascal_context")
+    parser.add_argument("--tasks", nargs="+", required=True)
+    parser.add_argument("--images", type=int, default=60, help="training images of the client")
+    parser.add_argument("--epochs", type=int, nargs="+", default=[10, 40])
+    parser.add_argument("--lr", type=float, nargs="+", default=[0.002, 0.01])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--size", type=int, default=32, help="square image side, generated and trained")
+    parser.add_argument("--num_train", type=int, default=300, help="training images to generate")
+    parser.add_argument("--num_val", type=int, default=60, help="validation images to generate")
+    parser.add_argument("--root", type=Path, help="data folder (default data/learnability/SIZE)")
+    parser.add_argument(
+        "--scale_range", type=float, nargs=2, default=[0.5, 2.0], help="training rescaling (data.scale_range)"
+    )
+    parser.add_argument(
+        "--margin", type=float, default=5.0, help="%% better than the trivial predictor that counts as learnt"
+    )
+    args = parser.parse_args(argv)
+    for name in ("images", "size", "num_train", "num_val"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.images > args.num_train:
+        parser.error(
+            f"--images {args.images} is more than the {args.num_train} training images (--num_train)"
+        )
+    if min(args.epochs) < 1 or min(args.lr) <= 0:
+        parser.error("--epochs must be at least 1 and --lr positive")
+    if not 0 < args.scale_range[0] <= args.scale_range[1]:
+        parser.error(f"--scale_range needs 0 < min <= max, got {args.scale_range}")
+
+    import torch
+
+    from fedmtl.data.datasets import DATASETS
+    from fedmtl.synth import generate
+    from fedmtl.tasks import check_tasks, get_task
+    from fedmtl.trivial import trivial_metrics
+
+    try:
+        check_tasks(args.dataset, args.tasks)
+    except (KeyError, ValueError) as err:
+        parser.error(str(err))
+    torch.set_num_threads(1)
+    size = (args.size, args.size)
+    root = args.root or Path("data") / "learnability" / str(args.size)
+    folder = root / DATASETS.get(args.dataset).root_folder
+    if not folder.exists():
+        generate(args.dataset, folder, args.num_train, args.num_val, size)
+    trivial = trivial_metrics(args.dataset, root, args.tasks, size)
+
+    print(
+        f"{args.dataset}, {args.images} training images, {args.size}x{args.size}, scale range {args.scale_range}"
+    )
+    print(f"learnt: at least {args.margin:g} % better than the trivial predictor")
+    print("| task | lr | epochs | steps | seed | metric | trivial | better (%) | learnt | seconds |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for task in args.tasks:
+        lower = get_task(task).lower_is_better
+        for lr in args.lr:
+            for epochs in args.epochs:
+                for seed in args.seeds:
+                    start = time.perf_counter()
+                    value, steps = train_and_score(
+                        args.dataset, root, task, args.images, epochs, lr, seed, size, args.scale_range
+                    )
+                    better = (-1 if lower else 1) * (value - trivial[task]) / trivial[task] * 100
+                    print(
+                        f"| {task} | {lr:g} | {epochs} | {steps} | {seed} | {value:.2f} | {trivial[task]:.2f} "
+                        f"| {better:+.1f} | {'yes' if better >= args.margin else 'no'} "
+                        f"| {time.perf_counter() - start:.0f} |",
+                        flush=True,
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,8 @@ At the end it writes, in ``OUT``:
 
 * ``trivial.json``: the trivial predictors of every task (:mod:`fedmtl.trivial`);
 * ``report.md`` / ``report.csv``: ``fedmtl report`` of all runs against Local;
-* ``learnt.md``: per client task, the trivial predictor and each method, ✓ where it beats it;
+* ``learnt.md``: per client task, the trivial predictor and each method, ✓ where it is at least
+  ``fedmtl.trivial.LEARNT_MARGIN`` (5 %) better;
 * ``timing.json``: the wall time of the whole command and of each run;
 
 and prints the report and the wall time.

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--margin", type=float, default=5.0, help="%% better than the trivial predictor that counts as learnt"
-    )
+    )  # fedmtl.trivial.LEARNT_MARGIN, not imported here: --help stays free of torch
     args = parser.parse_args(argv)
     for name in ("images", "size", "num_train", "num_val"):
         if getattr(args, name) < 1:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedmtl.data.datasets import DATASETS
     from fedmtl.synth import generate
     from fedmtl.tasks import check_tasks, get_task
-    from fedmtl.trivial import trivial_metrics
+    from fedmtl.trivial import better_than, trivial_metrics
 
     try:
         check_tasks(args.dataset, args.tasks)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     value, steps = train_and_score(
                         args.dataset, root, task, args.images, epochs, lr, seed, size, args.scale_range
                     )
-                    better = (-1 if lower else 1) * (value - trivial[task]) / trivial[task] * 100
+                    better = better_than(value, trivial[task], lower)
                     print(
                         f"| {task} | {lr:g} | {epochs} | {steps} | {seed} | {value:.2f} | {trivial[task]:.2f} "
                         f"| {better:+.1f} | {'yes' if better >= args.margin else 'no'} "

@@ -61,3 +61,17 @@ def test_the_learnt_table_marks_what_beats_the_trivial_predictor(tmp_path):
     assert lines[0] == "| task | trivial | Local | FedAvg |"
     assert lines[2] == "| a-sal/sal_maxF | 45 | 50 ✓ | 40 |"  # higher is better
     assert lines[3] == "| b-depth/depth_RMSE | 1 | 1.2 | 0.9 ✓ |"  # lower is better
+
+
+def test_a_hair_above_the_trivial_predictor_is_not_learnt(tmp_path):
+    report = tmp_path / "report.csv"
+    with report.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "delta_m", "a-semseg/semseg_mIoU", "b-depth/depth_RMSE"])
+        writer.writerow(["Local", "0", "4.036", "0.96"])  # +0.05 %, 4 % better
+        writer.writerow(["FedAvg", "3", "4.3", "0.94"])  # +6.6 %, 6 % better
+    trivial = {"a/semseg": {"mIoU": 4.034}, "b/depth": {"RMSE": 1.0}}
+    lines = learnt_table(report, trivial, {"RMSE"}).splitlines()
+    assert lines[2] == "| a-semseg/semseg_mIoU | 4.034 | 4.036 | 4.3 ✓ |"
+    assert lines[3] == "| b-depth/depth_RMSE | 1 | 0.96 | 0.94 ✓ |"
+    assert learnt_table(report, trivial, {"RMSE"}, margin=0.0).splitlines()[2].endswith("4.036 ✓ | 4.3 ✓ |")

@@ -30,7 +30,8 @@ benchmark: install
 		--seeds 0 1 2 --jobs 2 --out runs/benchmark/$(BENCHMARK)
 
 # One pytest worker per core (at most 4), each taking whole test files, so a module's shared
-# runs are computed once. Here (2 cores) 244 s for the 1143 tests against 403 s with one worker.
+# runs are computed once. Here (2 cores) 244 s for 1143 tests against 403 s with one worker (an
+# earlier session); 418 s for 1154 tests with two workers in a later one (fc373c0).
 test: install
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 

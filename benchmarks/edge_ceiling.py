@@ -54,12 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.sizes) < 32 or args.num_val < 1:
         parser.error("--sizes must be at least 32 (the encoder's stride) and --num_val at least 1")
+    from fedmtl.tasks import EDGE_MAX_DIST
+
     print("| size | tolerance (px) | ceiling odsF | Sobel odsF |")
     print("| ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             ceiling, sobel = scores(size, args.num_val, Path(tmp))
-            print(f"| {size} | {0.0075 * size * 2**0.5:.2f} | {ceiling:.1f} | {sobel:.1f} |", flush=True)
+            print(
+                f"| {size} | {EDGE_MAX_DIST['pascal_context'] * size * 2**0.5:.2f} | {ceiling:.1f} | {sobel:.1f} |",
+                flush=True,
+            )
     return 0
 
 

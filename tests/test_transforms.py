@@ -308,3 +308,12 @@ def test_eval_is_deterministic_and_refuses_to_crop():
     assert torch.equal(a["image"], b["image"])
     with pytest.raises(ValueError, match="never crops"):
         eval_transforms((H, W - 1))(make_sample(), rng())
+
+
+def test_the_config_default_scale_range_is_the_papers():
+    # fedmtl.config keeps its own copy of the default (importing transforms would load torch at
+    # `fit --help`): the two must not drift apart
+    from fedmtl.config import DataConfig
+    from fedmtl.data.transforms import PAPER_SCALE_RANGE
+
+    assert tuple(DataConfig().scale_range) == PAPER_SCALE_RANGE

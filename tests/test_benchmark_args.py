@@ -1,0 +1,45 @@
+"""benchmarks/learnability.py and benchmarks/edge_ceiling.py refuse bad options with one
+``error:`` line naming the option, exit 2, before they generate or train anything."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "named"),
+    [
+        ("learnability", ["--tasks", "semseg", "--images", "0"], "--images must be at least 1, got 0"),
+        ("learnability", ["--tasks", "semseg", "--images", "400"], "--images 400 is more than the 300"),
+        ("learnability", ["--tasks", "semseg", "--epochs", "0"], "--epochs must be at least 1"),
+        ("learnability", ["--tasks", "semseg", "--lr", "0"], "--lr positive"),
+        (
+            "learnability",
+            ["--tasks", "semseg", "--scale_range", "2", "1"],
+            "--scale_range needs 0 < min <= max",
+        ),
+        ("learnability", ["--dataset", "nyud", "--tasks", "sal"], "sal"),
+        ("edge_ceiling", ["--sizes", "16"], "--sizes must be at least 32"),
+        ("edge_ceiling", ["--num_val", "0"], "--num_val at least 1"),
+    ],
+)
+def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # learnability's default data folder is relative
+    with pytest.raises(SystemExit) as done:
+        _script(script).main(argv)
+    assert done.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and named in errors[0]
+    assert not any(tmp_path.iterdir())  # nothing generated

@@ -1,4 +1,4 @@
-"""benchmarks/learnability.py and benchmarks/edge_ceiling.py refuse bad options with one
+"""benchmarks/learnability.py, edge_ceiling.py and optimizer.py refuse bad options with one
 ``error:`` line naming the option, exit 2, before they generate or train anything."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def _script(name: str):
         ("learnability", ["--dataset", "nyud", "--tasks", "sal"], "sal"),
         ("edge_ceiling", ["--sizes", "16"], "--sizes must be at least 32"),
         ("edge_ceiling", ["--num_val", "0"], "--num_val at least 1"),
+        ("optimizer", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
+        ("optimizer", ["--size", "-32"], "--size must be at least 1"),
     ],
 )
 def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):

@@ -81,6 +81,44 @@ def test_a_run_shorter_than_the_warm_up_still_builds_a_schedule():
     assert lrs == pytest.approx([_warmup(0), _warmup(0), _warmup(1)])
 
 
+def test_the_optimiser_is_adamw_with_the_fused_kernel_and_its_steps():
+    """make_optimizer uses the fused AdamW kernel on CPU, and ten of its steps move the
+    parameters as PyTorch's per-tensor AdamW does (same lr, betas, eps, decoupled decay)."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(7)]
+    grads = [[torch.randn_like(t) for t in start] for _ in range(10)]
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.05)
+
+    def run(build):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizer = build(params)
+        for step in grads:
+            for p, g in zip(params, step, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        return optimizer, [p.detach() for p in params]
+
+    fused, ours = run(lambda params: make_optimizer(params, config, None)[0])
+    plain, reference = run(
+        lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05, foreach=False, fused=False)
+    )
+    assert fused.param_groups[0]["fused"] and not plain.param_groups[0]["fused"]
+    for a, b, first in zip(ours, reference, start, strict=True):
+        assert not torch.equal(a, first)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_parameters_the_fused_kernel_cannot_take_get_the_per_tensor_adamw():
+    """fused AdamW refuses integer tensors and devices it has no kernel for (here "meta");
+    make_optimizer builds the per-tensor AdamW for them instead of failing."""
+    for param in (
+        torch.nn.Parameter(torch.zeros(2, device="meta")),
+        torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False),
+    ):
+        optimizer, _ = make_optimizer([param], OptimizerConfig(), None)
+        assert not optimizer.param_groups[0]["fused"]
+
+
 def test_local_training_steps_the_schedule_after_each_global_epoch(tmp_path, data_root, monkeypatch):
     """Through the engine: every client's schedule is stepped with its 0-based global epoch
     (rounds × local epochs: 0, 1, 2 for PASCAL clients; 0 … 5 for the 2-epoch NYUD client)."""

@@ -125,6 +125,8 @@ def make_optimizer(
     The update is PyTorch's fused AdamW kernel wherever it runs (floating-point parameters on
     CPU or CUDA): the same AdamW arithmetic in one kernel instead of a dozen per tensor; a
     training step of the benchmark's clients takes 0.85x the time (benchmarks/optimizer.py)."""
+    # None, not False, where the kernel cannot run: PyTorch picks its foreach default only when
+    # both fused and foreach are None, so an explicit False would also slow CUDA's fallback.
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=_fused_adamw_runs(params) or None
     )

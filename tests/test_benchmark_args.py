@@ -1,4 +1,4 @@
-"""benchmarks/learnability.py, edge_ceiling.py and optimizer.py refuse bad options with one
+"""benchmarks/learnability.py, edge_ceiling.py, optimizer.py and client_speed.py refuse bad options with one
 ``error:`` line naming the option, exit 2, before they generate or train anything."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def _script(name: str):
         ("edge_ceiling", ["--num_val", "0"], "--num_val at least 1"),
         ("optimizer", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
         ("optimizer", ["--size", "-32"], "--size must be at least 1"),
+        ("client_speed", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
+        ("client_speed", ["--local_epochs", "-1"], "--local_epochs must be at least 1"),
     ],
 )
 def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):

@@ -45,6 +45,13 @@ REFUSED = {
     "clients []": ({"clients": []}, [], "clients", "at least one client group"),
     "model.embed_dim 0": ({}, ["--model.embed_dim", "0"], "model.embed_dim", "or null"),
     "data.num_workers -1": ({}, ["--data.num_workers", "-1"], "data.num_workers", "got -1"),
+    "data.cache_mib -1": ({}, ["--data.cache_mib", "-1"], "data.cache_mib", "(0: no cache)"),
+    "data.cache_mib with loader workers": (
+        {},
+        ["--data.cache_mib", "64", "--data.num_workers", "2"],
+        "data.cache_mib",
+        "set data.num_workers to 0",
+    ),
     "data.train_size 16x32": ({}, ["--data.train_size", "[16, 32]"], "data.train_size", "or null"),
     "data.scale_range max < min": (
         {},
@@ -144,6 +151,7 @@ def test_the_boundary_values_are_accepted(tmp_path, data_root):
             *("--rounds", "1", "--evaluation.every", "0", "--evaluation.batch_size", "1"),
             *("--checkpoint_every", "0", "--cpu_threads", "null", "--seed", str(2**32 - 1)),
             *("--data.train_size", "[32, 32]", "--data.num_workers", "0", "--model.embed_dim", "1"),
+            *("--data.cache_mib", "0"),
             *("--data.synth", '{"nyud": {"num_train": 1, "num_val": 1, "size": [16, 16], "seed": 0}}'),
             *("--algorithm", "FedHCA2", "--algorithm.alpha_init", "0", "--algorithm.beta_init", "1"),
             *("--algorithm.c", "0", "--algorithm.hyper_momentum", "0", "--algorithm.hyper_weight_decay", "0"),
@@ -186,5 +194,7 @@ def test_fit_help_describes_the_fields(capsys):
         "--evaluation.every EVERY rounds between evaluations on the full validation set;",
         "--data.train_size TRAIN_SIZE training crop and evaluation padding [height, width],",
         "--data.scale_range [ITEM,...] [min, max] of the training augmentation's random rescaling,",
+        "--data.cache_mib CACHE_MIB MiB of decoded samples (training and validation, before augmentation)",
+        "--model.channels_last {true,false} the channels-last memory layout for weights and inputs:",
     ]:
         assert described in help_text

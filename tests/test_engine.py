@@ -165,3 +165,19 @@ def test_data_scale_range_reaches_every_training_set(tmp_path, data_root, monkey
     _fit(_config(tmp_path, data_root, rounds=1), tmp_path / "run", "--data.scale_range", "[1.0, 1.25]")
     assert {split for split, _ in seen} == {"train", "val"}
     assert {tuple(scale) for _, scale in seen} == {(1.0, 1.25)}
+
+
+def test_a_channels_last_run_trains_and_aggregates_the_same_model(tmp_path, data_root):
+    """model.channels_last through the whole round (training, the store, FedHCA²'s aggregation
+    and write-back, the checkpoint): the states differ from a contiguous run's by float
+    rounding only, and the trained convolution weights keep the layout."""
+    config = _config(tmp_path, data_root, algorithm={"class_path": "FedHCA2"}, rounds=1)
+    _fit(config, tmp_path / "plain")
+    _fit(config, tmp_path / "fast", "--model.channels_last", "true")
+    for plain, fast in zip(client_states(tmp_path / "plain"), client_states(tmp_path / "fast"), strict=True):
+        assert plain["model"].keys() == fast["model"].keys()
+        for name, value in plain["model"].items():
+            if value.is_floating_point():
+                torch.testing.assert_close(fast["model"][name], value, atol=1e-3, rtol=1e-3, msg=name)
+        convs = [v for v in fast["model"].values() if v.ndim == 4]
+        assert convs and all(v.is_contiguous(memory_format=torch.channels_last) for v in convs)

@@ -161,3 +161,55 @@ def test_a_few_training_steps_reduce_the_multi_task_loss():
         optimizer.step()
         values.append(loss.item())
     assert values[-1] < values[0]
+
+
+def test_a_channels_last_model_computes_what_the_contiguous_one_does():
+    """Same weights, same outputs and gradients; only the memory layout (and so the float
+    rounding of the kernels) differs. The layout survives moving and loading a state dict."""
+    torch.manual_seed(0)
+    plain = MultiTaskModel("nyud", NYUD)
+    fast = MultiTaskModel("nyud", NYUD, channels_last=True)
+    fast.load_state_dict(plain.state_dict())
+    fast = fast.to("cpu")
+    convs = [p for p in fast.parameters() if p.ndim == 4]
+    assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    assert not all(p.is_contiguous() for p in convs)  # the layout really changed
+
+    images = torch.randn(8, 3, 32, 32)
+    with torch.no_grad():  # in eval mode: the batch-norm statistics of both models stay equal
+        targets = {t: p for t, p in plain.eval()(images).items()}
+    targets["semseg"] = targets["semseg"].argmax(1)
+    targets["edge"] = (targets["edge"][:, 0] > 0).float()
+    targets["depth"] = targets["depth"][:, 0].abs() + 0.5
+    targets["normals"] = F.normalize(targets["normals"], dim=1)
+    for model in (plain, fast):
+        model.train()
+        multi_task_loss(model(images), targets, NYUD)["total"].backward()
+    plain.eval(), fast.eval()
+    for task, out in plain(images).items():
+        torch.testing.assert_close(fast(images)[task], out, atol=1e-5, rtol=1e-4)
+    # All gradients together: a batch norm over the 1x1 maps of the last stage amplifies rounding
+    # in its own few entries, the vector as a whole is the same.
+    grads = [torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (plain, fast)]
+    assert (grads[1] - grads[0]).norm() <= 1e-4 * grads[0].norm()
+
+
+def test_a_channels_last_model_flattens_and_is_assigned_as_the_contiguous_one():
+    """The aggregators see the flat vector in the logical order whatever the layout, and the
+    engine's write-back puts each value where it belongs."""
+    from fedmtl.aggregation.flat import FlatLayout
+
+    torch.manual_seed(0)
+    plain = MultiTaskModel("nyud", NYUD)
+    fast = MultiTaskModel("nyud", NYUD, channels_last=True)
+    fast.load_state_dict(plain.state_dict())
+    layout = FlatLayout.from_module(plain.encoder)
+    assert FlatLayout.from_module(fast.encoder) == layout
+    vector = layout.flatten(plain.encoder)
+    torch.testing.assert_close(layout.flatten(fast.encoder), vector, atol=0, rtol=0)
+    shifted = vector + torch.arange(vector.numel(), dtype=vector.dtype)
+    layout.assign(plain.encoder, shifted)
+    layout.assign(fast.encoder, shifted)
+    for p, q in zip(plain.encoder.parameters(), fast.encoder.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=0, rtol=0)
+    assert all(q.is_contiguous(memory_format=torch.channels_last) for q in fast.parameters() if q.ndim == 4)

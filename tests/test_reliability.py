@@ -417,6 +417,7 @@ def test_config_changes_ignore_where_the_run_executes():
         (["--nonfinite", "maybe"], 'Parser key "nonfinite": Expected a typing.Literal'),
         (["--overwrite", "sure"], "Parser key \"overwrite\": Expected a <class 'bool'>"),
         (["--model.pretrained_strict", "2"], 'Parser key "model.pretrained_strict": Expected a <class'),
+        (["--model.channels_last", "3"], "Parser key \"model.channels_last\": Expected a <class 'bool'>"),
     ],
 )
 def test_a_parser_error_is_one_line_without_a_usage_dump(tmp_path, data_root, capsys, extra, expected):

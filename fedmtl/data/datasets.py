@@ -24,6 +24,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from fedmtl.data.cache import SampleCache
 from fedmtl.data.layout import SPLITS, read_split
 from fedmtl.data.transforms import (
     PAPER_SCALE_RANGE,
@@ -83,6 +84,7 @@ class DenseDataset(torch.utils.data.Dataset):
         transform: Transform | None = None,
         indices: Sequence[int] | None = None,
         seed: int = 0,
+        cache: SampleCache | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
@@ -92,6 +94,7 @@ class DenseDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.seed = seed
         self.epoch = 0
+        self.cache = cache
         if not self.root.is_dir():
             raise self.missing(f"{self.title} root directory", self.root)
         self.layout = self.layout_class(self.root)
@@ -179,6 +182,18 @@ class DenseDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Sample:
         image_id = self.ids[index]
+        sample = self._read(image_id)
+        height, width = sample["image"].shape[:2]
+        if self.transform is not None:
+            sample = self.transform(sample, self.rng(index))
+        sample["meta"] = {"id": image_id, "index": self.split_indices[index], "size": (height, width)}
+        return sample
+
+    def _read(self, image_id: str) -> Sample:
+        """The decoded sample, from the cache when it holds it (then kept there if it fits)."""
+        key = (self.name, str(self.root), self.split, self.tasks, image_id)
+        if self.cache is not None and (sample := self.cache.get(key)) is not None:
+            return sample
         try:
             sample = self._load(image_id)
         except (OSError, ValueError, KeyError, IndexError) as err:  # PIL, scipy.io, numpy
@@ -188,10 +203,8 @@ class DenseDataset(torch.utils.data.Dataset):
                 f"{str(err).splitlines()[0] if str(err) else ''}); its files: {', '.join(map(str, files))}. "
                 "Replace the corrupt file, or remove the id from the split file"
             ) from err
-        height, width = sample["image"].shape[:2]
-        if self.transform is not None:
-            sample = self.transform(sample, self.rng(index))
-        sample["meta"] = {"id": image_id, "index": self.split_indices[index], "size": (height, width)}
+        if self.cache is not None:
+            self.cache.put(key, sample)
         return sample
 
     def __repr__(self) -> str:
@@ -232,6 +245,7 @@ def build_dataset(
     indices: Sequence[int] | None = None,
     seed: int = 0,
     scale_range: Sequence[float] = PAPER_SCALE_RANGE,
+    cache: SampleCache | None = None,
 ) -> DenseDataset:
     """A dataset with the transforms of the public code.
 
@@ -243,6 +257,8 @@ def build_dataset(
     seed: augmentation seed (per sample and epoch, see ``DenseDataset.rng``).
     scale_range: [min, max] of the training augmentation's random rescaling (the public code's
         0.5-2.0 by default; depth is divided by the factor).
+    cache: where decoded samples are kept between epochs (:mod:`fedmtl.data.cache`); None:
+        every sample is read from disk each time.
     """
     spec = DATASETS.get(name)
     size = as_size(train_size) if train_size is not None else spec.train_size
@@ -250,7 +266,13 @@ def build_dataset(
         augment = split == "train"
     transform = train_transforms(size, scale_range) if augment else eval_transforms(size)
     return spec.dataset_class(
-        dataset_root(spec, root), split=split, tasks=tasks, transform=transform, indices=indices, seed=seed
+        dataset_root(spec, root),
+        split=split,
+        tasks=tasks,
+        transform=transform,
+        indices=indices,
+        seed=seed,
+        cache=cache,
     )
 
 

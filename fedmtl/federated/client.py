@@ -66,6 +66,7 @@ class ClientModule(L.LightningModule):
             pretrained_strict=model.pretrained_strict,
             img_size=img_size,
             embed_dim=model.embed_dim,
+            channels_last=model.channels_last,
         )
         # A client is validated on one rank only: its metrics must not sync with other ranks.
         self.metrics = nn.ModuleDict(

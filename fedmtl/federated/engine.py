@@ -46,6 +46,7 @@ from fedmtl.aggregation import (
     head_groups_of,
 )
 from fedmtl.config import RunConfig
+from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
 from fedmtl.federated import checkpoint
 from fedmtl.federated.client import ClientModule
@@ -85,6 +86,8 @@ class Simulation:
         self.total_epochs = {i: cfg.rounds * s.local_epochs for i, s in enumerate(self.specs)}
         self.store = ClientStore(cfg.store, self.run_dir / "store" / f"rank_{fabric.global_rank}")
         self._modules: dict[tuple[str, tuple[str, ...]], ClientModule] = {}
+        # This rank's decoded samples, kept across epochs and rounds (data.cache_mib; 0: none).
+        self._samples = SampleCache(cfg.data.cache_mib * MIB) if cfg.data.cache_mib > 0 else None
         self._train_data = {i: self._dataset(i, "train") for i in self.mine}
         self._val_data: dict[int, DenseDataset] = {}
         self.clients = [
@@ -126,6 +129,7 @@ class Simulation:
             indices=spec.train_indices if split == "train" else None,
             seed=derive_seed(self.cfg.seed, "augment", i),
             scale_range=self.cfg.data.scale_range,
+            cache=self._samples,
         )
 
     def _num_samples(self, i: int) -> int:

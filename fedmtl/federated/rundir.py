@@ -44,6 +44,7 @@ RESUMABLE_FIELDS = (
     "logger",
     "data.root",
     "data.num_workers",
+    "data.cache_mib",
 )
 
 

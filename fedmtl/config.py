@@ -56,9 +56,9 @@ class ModelConfig:
             false: load the tensors of pretrained_file whose names and shapes match and report how many.
         embed_dim: decoder width; null: the encoder's first-scale channels.
         channels_last: the channels-last memory layout for weights and inputs: the same model,
-            faster kernels for a small convolutional encoder on the CPU (a benchmark NYUD-v2 client
-            step took 0.86x the time; README, "Measured here"); float rounding differs, so a run
-            with it does not repeat one without it bit for bit.
+            faster kernels for a small convolutional encoder on the CPU (the benchmark's clients
+            trained in 0.83-0.86x the time; README, "Measured here"); float rounding differs, so
+            a run with it does not repeat one without it bit for bit.
     """
 
     backbone: str = DEFAULT_BACKBONE

@@ -1,7 +1,8 @@
 """Decoded samples kept in memory, up to a byte budget (config ``data.cache_mib``).
 
-Decoding a sample's files (PNG, ``.npy``, ``.mat``) costs about as much as a training step on
-the benchmark's 32x32 images, and a client reads the same few images every epoch. The cache
+Decoding a batch's files (PNG, ``.npy``, ``.mat``) took about a sixth of a training step on
+the benchmark's 32x32 images (README, "Measured here"), and a client reads the same few images
+every epoch. The cache
 holds what a dataset's ``_load`` returns, before the (random) transforms, so a cached sample
 is augmented afresh every epoch exactly as one read from disk: results do not change.
 

@@ -33,8 +33,10 @@ class MultiTaskModel(nn.Module):
         pretrained_strict: every encoder tensor must be in ``pretrained_file`` (else an error);
             False loads the tensors that match and reports how many.
         channels_last: keep the convolution weights, and convert the input, to the channels-last
-            memory layout: the same function, computed by faster kernels for small convolutional
-            encoders on the CPU (and, with mixed precision, on CUDA); the float rounding differs.
+            memory layout: the same function, computed by kernels that were faster for the small
+            default encoder on one CPU thread (README, "Measured here"; PyTorch advises it for
+            convolutional networks under mixed precision on CUDA, not measured here); the float
+            rounding differs.
     """
 
     def __init__(

@@ -293,3 +293,32 @@ def test_the_wheel_holds_every_config_and_they_load_from_any_directory(tmp_path)
         str(src / "fedmtl" / "__init__.py"),
         str(src / "configs" / "methods" / "fedprox.yaml"),
     ]
+
+
+def test_the_long_benchmark_differs_from_scenario_1_only_in_two_clients_epochs():
+    """benchmark/scenario1_long.yaml says it is benchmark/scenario1.yaml with longer local
+    training for the semseg and human-parts clients: the same clients on the same images,
+    the same recipe otherwise."""
+    from fedmtl.config import RunConfig
+    from fedmtl.federated.scenario import build_clients
+
+    short, long = (
+        RunConfig.from_namespace(_load(f"benchmark/{n}.yaml")) for n in ("scenario1", "scenario1_long")
+    )
+    short_clients, long_clients = build_clients(short), build_clients(long)
+    assert [(c.name, c.train_indices, c.optimizer) for c in long_clients] == [
+        (c.name, c.train_indices, c.optimizer) for c in short_clients
+    ]
+    epochs = {
+        c.name: (s.local_epochs, c.local_epochs) for s, c in zip(short_clients, long_clients, strict=True)
+    }
+    assert {name: e for name, e in epochs.items() if e[0] != e[1]} == {
+        "pascal_context-semseg": (1, 8),
+        "pascal_context-human_parts": (1, 16),
+    }
+    assert (long.model, long.data, long.rounds, long.evaluation) == (
+        short.model,
+        short.data,
+        short.rounds,
+        short.evaluation,
+    )

@@ -2,9 +2,9 @@
 
 Decoding a batch's files (PNG, ``.npy``, ``.mat``) took about a sixth of a training step on
 the benchmark's 32x32 images (README, "Measured here"), and a client reads the same few images
-every epoch. The cache
-holds what a dataset's ``_load`` returns, before the (random) transforms, so a cached sample
-is augmented afresh every epoch exactly as one read from disk: results do not change.
+every epoch. The cache holds what a dataset's ``_load`` returns, before the (random)
+transforms, so a cached sample is augmented afresh every epoch exactly as one read from disk:
+results do not change.
 
 One cache serves every dataset of a process (the engine makes one per rank). It fills first
 come, first served and never evicts: once the budget is spent, further samples are read from

@@ -23,6 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+BENCHMARK_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark" / "scenario1.yaml"
 CLIENTS = {
     "nyud": {"dataset": "nyud", "tasks": ["semseg", "normals", "edge", "depth"]},
     "pascal_context": {"dataset": "pascal_context", "tasks": ["semseg"], "single_task": True},
@@ -36,25 +37,19 @@ SETTINGS = {  # name -> (data.cache_mib, model.channels_last)
 
 
 def config(client: dict, root: str, rounds: int, local_epochs: int) -> dict:
-    """One client alone with the benchmark's recipe (configs/benchmark/scenario1.yaml)."""
-    return {
-        "clients": [{**client, "local_epochs": local_epochs, "optimizer": {"lr": 0.01, "warmup_epochs": 0}}],
-        "algorithm": {"class_path": "Local"},
-        "data": {
-            "root": root,
-            "train_size": [32, 32],
-            "scale_range": [1.0, 1.0],
-            "synth": {
-                "pascal_context": {"num_train": 300, "num_val": 60, "size": [32, 32]},
-                "nyud": {"num_train": 60, "num_val": 60, "size": [32, 32]},
-            },
-        },
-        "evaluation": {"every": 0},
-        "rounds": rounds,
-        "accelerator": "cpu",
-        "cpu_threads": 1,
-        "logger": {"wandb": False},
-    }
+    """One client alone with the benchmark's recipe, read from configs/benchmark/scenario1.yaml
+    (its data, optimiser and threads; the two settings under test are passed on the command
+    line, so the file's own values do not matter)."""
+    import yaml
+
+    cfg = yaml.safe_load(BENCHMARK_CONFIG.read_text())
+    optimizer = next(group for group in cfg["clients"] if group["dataset"] == client["dataset"])["optimizer"]
+    cfg["clients"] = [{**client, "local_epochs": local_epochs, "optimizer": optimizer}]
+    cfg["algorithm"] = {"class_path": "Local"}
+    cfg["data"]["root"] = root
+    cfg.update(evaluation={"every": 0}, rounds=rounds)
+    del cfg["run_dir"]  # each run gets its own folder under a temporary directory
+    return cfg
 
 
 def timed_fit(config_file: Path, run_dir: Path, cache_mib: int, channels_last: bool) -> tuple[float, dict]:

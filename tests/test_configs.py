@@ -295,34 +295,37 @@ def test_the_wheel_holds_every_config_and_they_load_from_any_directory(tmp_path)
     ]
 
 
-def test_the_long_benchmark_differs_from_scenario_1_only_in_two_clients_epochs(monkeypatch):
-    """benchmark/scenario1_long.yaml says it is benchmark/scenario1.yaml with longer local
-    training for the semseg and human-parts clients: the same clients on the same images,
-    the same recipe otherwise."""
+def test_the_benchmark_splits_scenario_1_clients_only_in_local_epochs(monkeypatch, tmp_path):
+    """benchmark/scenario1.yaml gives its PASCAL clients different local epochs by listing them
+    in three groups: the clients, their images and their optimisers must be those of the same
+    file with the five in one group, as scenario 1 has them; only the epochs differ."""
+    import yaml
+
     from fedmtl.config import RunConfig
     from fedmtl.federated import scenario
     from fedmtl.federated.scenario import build_clients
 
     # The partition needs the training split sizes: those the configs generate, without the data.
     monkeypatch.setattr(scenario, "train_split_size", lambda cfg, dataset: cfg.data.synth[dataset].num_train)
+    raw = yaml.safe_load((CONFIGS / "benchmark" / "scenario1.yaml").read_text())
+    pascal = [group for group in raw["clients"] if group["dataset"] == "pascal_context"]
+    one_group = {**pascal[0], "tasks": [t for group in pascal for t in group["tasks"]], "local_epochs": 1}
+    raw["clients"] = [one_group] + [group for group in raw["clients"] if group["dataset"] != "pascal_context"]
+    (tmp_path / "merged.yaml").write_text(yaml.safe_dump(raw))
+    parser = _run_parser()
 
-    short, long = (
-        RunConfig.from_namespace(_load(f"benchmark/{n}.yaml")) for n in ("scenario1", "scenario1_long")
-    )
-    short_clients, long_clients = build_clients(short), build_clients(long)
-    assert [(c.name, c.train_indices, c.optimizer) for c in long_clients] == [
-        (c.name, c.train_indices, c.optimizer) for c in short_clients
+    def clients(path):
+        return build_clients(RunConfig.from_namespace(parser.instantiate(parser.parse_path(str(path)))))
+
+    split, merged = clients(CONFIGS / "benchmark" / "scenario1.yaml"), clients(tmp_path / "merged.yaml")
+    assert [(c.name, c.train_indices, c.optimizer) for c in split] == [
+        (c.name, c.train_indices, c.optimizer) for c in merged
     ]
-    epochs = {
-        c.name: (s.local_epochs, c.local_epochs) for s, c in zip(short_clients, long_clients, strict=True)
+    assert {c.name: c.local_epochs for c in split} == {
+        "pascal_context-semseg": 6,
+        "pascal_context-human_parts": 12,
+        "pascal_context-sal": 1,
+        "pascal_context-normals": 1,
+        "pascal_context-edge": 1,
+        "nyud-semseg+normals+edge+depth": 12,
     }
-    assert {name: e for name, e in epochs.items() if e[0] != e[1]} == {
-        "pascal_context-semseg": (1, 8),
-        "pascal_context-human_parts": (1, 16),
-    }
-    assert (long.model, long.data, long.rounds, long.evaluation) == (
-        short.model,
-        short.data,
-        short.rounds,
-        short.evaluation,
-    )

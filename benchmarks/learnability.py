@@ -1,14 +1,16 @@
 """Does a task learn? One client trained alone, against the task's trivial predictor.
 
     python benchmarks/learnability.py --dataset pascal_context --tasks semseg human_parts \
-        --images 60 --epochs 10 40 --lr 0.002 0.01 --seeds 0 1 --size 32
+        --images 60 --epochs 10 40 --lr 0.002 0.01 --seeds 0 1 --size 32 [--train_size 32]
 
 For every task, learning rate, epoch count and seed, it trains a fresh single-task client on
 the first ``--images`` training images of the generated dataset (one client's partition in
 the benchmark) as a Local client trains it (:class:`fedmtl.federated.client.ClientModule`: the
 same model, loss, AdamW and per-epoch cosine, batch 8, no warm-up, the training augmentation
 with ``--scale_range``; only the data order and augmentation draws are seeded differently),
-then scores it on the validation split next to the trivial predictor (:mod:`fedmtl.trivial`). It answers, in
+then scores it on the validation split, whole images of ``--size``, next to the trivial
+predictor (:mod:`fedmtl.trivial`); ``--train_size`` (default ``--size``) trains on random crops
+of that side instead, as ``data.train_size`` does in a run. It answers, in
 seconds per setting, what ``make benchmark`` answers in an hour: which tasks learn on this
 data with this many steps. No federation, no engine: the loop is the engine's local epoch
 without the round machinery, so a probe costs what its optimiser steps cost.
@@ -26,9 +28,19 @@ from pathlib import Path
 
 
 def train_and_score(
-    dataset: str, root: Path, task: str, images: int, epochs: int, lr: float, seed: int, size, scale_range
+    dataset: str,
+    root: Path,
+    task: str,
+    images: int,
+    epochs: int,
+    lr: float,
+    seed: int,
+    size,
+    scale_range,
+    train_size=None,
 ):
-    """The metric of a single-task client after ``epochs`` local epochs, and its optimiser steps."""
+    """The metric of a single-task client after ``epochs`` local epochs, and its optimiser steps;
+    it trains on crops of ``train_size`` (default ``size``) and is scored on whole images."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -48,7 +60,14 @@ def train_and_score(
     )
     client = ClientModule(spec, ModelConfig(), total_epochs=epochs)
     train = build_dataset(
-        dataset, root, "train", [task], size, indices=spec.train_indices, seed=seed, scale_range=scale_range
+        dataset,
+        root,
+        "train",
+        [task],
+        train_size or size,
+        indices=spec.train_indices,
+        seed=seed,
+        scale_range=scale_range,
     )
     loader = DataLoader(train, batch_size=spec.batch_size, shuffle=True, drop_last=True)
     optimizer, scheduler = client.configure_optimizers()
@@ -77,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, nargs="+", default=[10, 40])
     parser.add_argument("--lr", type=float, nargs="+", default=[0.002, 0.01])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--size", type=int, default=32, help="square image side, generated and trained")
+    parser.add_argument("--size", type=int, default=32, help="square image side, generated and scored")
+    parser.add_argument("--train_size", type=int, help="side of the random training crops (default --size)")
     parser.add_argument("--num_train", type=int, default=300, help="training images to generate")
     parser.add_argument("--num_val", type=int, default=60, help="validation images to generate")
     parser.add_argument("--root", type=Path, help="data folder (default data/learnability/SIZE)")
@@ -95,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("images", "size", "num_train", "num_val"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.train_size is not None and not 1 <= args.train_size <= args.size:
+        parser.error(f"--train_size must be between 1 and --size {args.size}, got {args.train_size}")
     if args.images > args.num_train:
         parser.error(
             f"--images {args.images} is more than the {args.num_train} training images (--num_train)"
@@ -127,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         generate(args.dataset, folder, args.num_train, args.num_val, size)
     trivial = trivial_metrics(args.dataset, root, args.tasks, size)
 
+    train_size = args.train_size or args.size
     print(
-        f"{args.dataset}, {args.images} training images, {args.size}x{args.size}, scale range {scale_range}"
+        f"{args.dataset}, {args.images} training images, {args.size}x{args.size} "
+        f"(training crops {train_size}x{train_size}), scale range {scale_range}"
     )
     print(f"learnt: at least {margin:g} % better than the trivial predictor")
     print("| task | lr | epochs | steps | seed | metric | trivial | better (%) | learnt | seconds |")
@@ -140,7 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in args.seeds:
                     start = time.perf_counter()
                     value, steps = train_and_score(
-                        args.dataset, root, task, args.images, epochs, lr, seed, size, scale_range
+                        args.dataset,
+                        root,
+                        task,
+                        args.images,
+                        epochs,
+                        lr,
+                        seed,
+                        size,
+                        scale_range,
+                        (train_size, train_size),
                     )
                     better = better_than(value, trivial[task], lower)
                     print(

@@ -24,6 +24,16 @@ def _script(name: str):
         ("learnability", ["--tasks", "semseg", "--images", "0"], "--images must be at least 1, got 0"),
         ("learnability", ["--tasks", "semseg", "--images", "400"], "--images 400 is more than the 300"),
         ("learnability", ["--tasks", "semseg", "--epochs", "0"], "--epochs must be at least 1"),
+        (
+            "learnability",
+            ["--tasks", "semseg", "--train_size", "64"],
+            "--train_size must be between 1 and --size 32, got 64",
+        ),
+        (
+            "learnability",
+            ["--tasks", "semseg", "--train_size", "0"],
+            "--train_size must be between 1 and --size 32, got 0",
+        ),
         ("learnability", ["--tasks", "semseg", "--lr", "0"], "--lr positive"),
         (
             "learnability",

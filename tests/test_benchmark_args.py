@@ -57,3 +57,28 @@ def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypat
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and named in errors[0]
     assert not any(tmp_path.iterdir())  # nothing generated
+
+
+def test_learnability_trains_on_crops_and_scores_whole_images(tmp_path, monkeypatch, capsys):
+    """--train_size: the training split is read at the crop side, the validation split at --size."""
+    import fedmtl.data.datasets as datasets
+
+    built = []
+    build = datasets.build_dataset
+
+    def recording(dataset, root, split, tasks, size, **kwargs):
+        built.append((split, tuple(size)))
+        return build(dataset, root, split, tasks, size, **kwargs)
+
+    monkeypatch.setattr(datasets, "build_dataset", recording)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--tasks", "sal", "--size", "32", "--train_size", "16", "--num_train", "8", "--num_val", "4"]
+    code = _script("learnability").main(
+        [*argv, "--images", "8", "--epochs", "1", "--lr", "0.01", "--seeds", "0"]
+    )
+    assert code == 0
+    assert built == [("train", (16, 16)), ("val", (32, 32))]
+    out = capsys.readouterr().out
+    assert "32x32 (training crops 16x16)" in out
+    row = next(line for line in out.splitlines() if line.startswith("| sal |"))
+    assert row.split("|")[4].strip() == "1"  # 8 images, batch 8: one step

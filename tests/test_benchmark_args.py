@@ -1,5 +1,6 @@
 """benchmarks/learnability.py, edge_ceiling.py, optimizer.py and client_speed.py refuse bad options with one
-``error:`` line naming the option, exit 2, before they generate or train anything."""
+``error:`` line naming the option, exit 2, before they generate or train anything; learnability.py's
+--train_size trains on crops and scores whole images."""
 
 from __future__ import annotations
 

@@ -37,10 +37,10 @@ def train_and_score(
     seed: int,
     size,
     scale_range,
-    train_size=None,
+    train_size,
 ):
     """The metric of a single-task client after ``epochs`` local epochs, and its optimiser steps;
-    it trains on crops of ``train_size`` (default ``size``) and is scored on whole images."""
+    it trains on random crops of ``train_size`` and is scored on whole images of ``size``."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -64,7 +64,7 @@ def train_and_score(
         root,
         "train",
         [task],
-        train_size or size,
+        train_size,
         indices=spec.train_indices,
         seed=seed,
         scale_range=scale_range,

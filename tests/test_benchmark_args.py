@@ -72,6 +72,9 @@ def test_learnability_trains_on_crops_and_scores_whole_images(tmp_path, monkeypa
         return build(dataset, root, split, tasks, size, **kwargs)
 
     monkeypatch.setattr(datasets, "build_dataset", recording)
+    # The trivial predictor reads the data too, through whichever build_dataset fedmtl.trivial
+    # bound at its import (before or after the patch, by test order): keep it out of the record.
+    monkeypatch.setattr("fedmtl.trivial.trivial_metrics", lambda *args: {"sal": 20.0})
     monkeypatch.chdir(tmp_path)
     argv = ["--tasks", "sal", "--size", "32", "--train_size", "16", "--num_train", "8", "--num_val", "4"]
     code = _script("learnability").main(

@@ -329,3 +329,19 @@ def test_the_benchmark_splits_scenario_1_clients_only_in_local_epochs(monkeypatc
         "pascal_context-edge": 1,
         "nyud-semseg+normals+edge+depth": 12,
     }
+
+
+def test_the_benchmark_scenarios_share_data_and_recipe_and_differ_in_shape_and_epochs():
+    """benchmark/scenario2.yaml says it is scenario1.yaml's data and recipe but for the local
+    epochs: the same data, model, rounds and evaluation, one optimiser for every client; the
+    clients are scenario 2's, with the epochs its comments give."""
+    one, two = _load("benchmark/scenario1.yaml"), _load("benchmark/scenario2.yaml")
+    for section in ("data", "model", "evaluation"):
+        assert getattr(two, section) == getattr(one, section), section
+    assert (two.rounds, two.cpu_threads) == (one.rounds, one.cpu_threads)
+    optimizers = {repr(g.optimizer) for cfg in (one, two) for g in cfg.clients}
+    assert len(optimizers) == 1
+    assert [(g.dataset, g.single_task, g.local_epochs, len(g.tasks)) for g in two.clients] == [
+        ("nyud", True, 16, 4),
+        ("pascal_context", False, 3, 5),
+    ]

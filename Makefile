@@ -29,10 +29,11 @@ benchmark: install
 	$(PY) benchmarks/compare_methods.py --config configs/benchmark/$(BENCHMARK).yaml \
 		--seeds 0 1 2 --jobs 2 --out runs/benchmark/$(BENCHMARK)
 
-# One pytest worker per core (at most 4), each taking whole test files, so a module's shared
-# runs are computed once. Here (2 cores) 244 s for 1143 tests against 403 s with one worker (an
+# One pytest worker per core (at most 4), each taking whole test files, so a module's shared runs
+# are computed once. Here (2 cores) 244 s for 1143 tests against 403 s with one worker (an
 # earlier session); 287 s for 1167 tests with two workers (d399256; 418 s for 1154 another day;
-# 445 s for 1181 at 6172bca, 453 s for 1182 at 7d518d6, 397 s for 1184 at 8340931, 439 s for 1185 at 097a1b2).
+# 445 s for 1181 at 6172bca, 453 s for 1182 at 7d518d6, 397 s for 1184 at 8340931, 439 s for 1185
+# at 097a1b2, 430 s for 1186 at e2dacf5).
 test: install
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 

@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                         epochs,
                         lr,
                         seed,
-                        size,
-                        scale_range,
-                        (train_size, train_size),
+                        size=size,
+                        scale_range=scale_range,
+                        train_size=(train_size, train_size),
                     )
                     better = better_than(value, trivial[task], lower)
                     print(

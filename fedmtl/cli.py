@@ -166,6 +166,13 @@ def _eval_parser() -> ArgumentParser:
     parser.add_argument("--run_dir", type=str, required=True, help="the run directory (holds config.yaml)")
     parser.add_argument("--devices", type=int | None, default=None, help="override the run's devices")
     parser.add_argument("--accelerator", type=str | None, default=None, help="override the run's accelerator")
+    parser.add_argument(
+        "--evaluation.edge_thin_gt",
+        type=bool | None,
+        default=None,
+        help="override the run's evaluation.edge_thin_gt: score edges against the thinned ground truth "
+        "(true, SEISM's) or the unthinned one (false)",
+    )
     return parser
 
 
@@ -433,6 +440,8 @@ def _evaluate(args: Namespace, command: str) -> None:
         cfg_ns.devices = args.devices
     if args.accelerator is not None:
         cfg_ns.accelerator = args.accelerator
+    if args.evaluation.edge_thin_gt is not None:
+        cfg_ns.evaluation.edge_thin_gt = args.evaluation.edge_thin_gt
     cfg_ns.logger.wandb = False
     cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))
     summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")

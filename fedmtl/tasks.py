@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 
 from fedmtl import losses
+from fedmtl.config import EvaluationConfig
 from fedmtl.metrics import DepthRMSE, EdgeODSF, MeanIoU, NormalsMeanError, SaliencyMaxF
 from fedmtl.registry import Registry
 
@@ -38,7 +39,8 @@ class Task:
     loss: Loss  # (raw head output, target) -> scalar
     loss_weight: float  # weight in a multi-task client's summed loss
     postprocess: Callable[[torch.Tensor], torch.Tensor]  # raw output -> what the metric takes
-    make_metric: Callable[..., Metric]  # (dataset name, **torchmetrics options) -> a fresh metric
+    # (dataset name, evaluation config, **torchmetrics options) -> a fresh metric
+    make_metric: Callable[..., Metric]
     metric_name: str
     lower_is_better: bool
 
@@ -50,10 +52,11 @@ class Task:
         self.check_dataset(dataset)
         return self.out_channels[dataset]
 
-    def metric(self, dataset: str, **options) -> Metric:
-        """A fresh metric; ``options`` go to torchmetrics (e.g. ``sync_on_compute=False``)."""
+    def metric(self, dataset: str, evaluation: EvaluationConfig | None = None, **options) -> Metric:
+        """A fresh metric scored as ``evaluation`` says (default: the defaults of
+        :class:`EvaluationConfig`); ``options`` go to torchmetrics (e.g. ``sync_on_compute=False``)."""
         self.check_dataset(dataset)
-        return self.make_metric(dataset, **options)
+        return self.make_metric(dataset, evaluation or EvaluationConfig(), **options)
 
     def check_dataset(self, dataset: str) -> None:
         if dataset not in self.out_channels:
@@ -100,7 +103,7 @@ TASKS.add(
         loss=losses.cross_entropy,
         loss_weight=1.0,
         postprocess=_argmax,
-        make_metric=lambda dataset, **kw: MeanIoU(num_classes=SEMSEG_CLASSES[dataset], **kw),
+        make_metric=lambda dataset, evaluation, **kw: MeanIoU(num_classes=SEMSEG_CLASSES[dataset], **kw),
         metric_name="mIoU",
         lower_is_better=False,
     ),
@@ -113,7 +116,7 @@ TASKS.add(
         loss=losses.cross_entropy,
         loss_weight=2.0,
         postprocess=_argmax,
-        make_metric=lambda dataset, **kw: MeanIoU(num_classes=HUMAN_PART_CLASSES, **kw),
+        make_metric=lambda dataset, evaluation, **kw: MeanIoU(num_classes=HUMAN_PART_CLASSES, **kw),
         metric_name="mIoU",
         lower_is_better=False,
     ),
@@ -126,7 +129,7 @@ TASKS.add(
         loss=losses.balanced_cross_entropy,
         loss_weight=5.0,
         postprocess=_foreground_probability,
-        make_metric=lambda dataset, **kw: SaliencyMaxF(**kw),
+        make_metric=lambda dataset, evaluation, **kw: SaliencyMaxF(**kw),
         metric_name="maxF",
         lower_is_better=False,
     ),
@@ -139,7 +142,7 @@ TASKS.add(
         loss=partial(losses.l1, normalize=True),
         loss_weight=10.0,
         postprocess=_unit_normals,
-        make_metric=lambda dataset, **kw: NormalsMeanError(**kw),
+        make_metric=lambda dataset, evaluation, **kw: NormalsMeanError(**kw),
         metric_name="mErr",
         lower_is_better=True,
     ),
@@ -152,7 +155,9 @@ TASKS.add(
         loss=partial(losses.balanced_bce, pos_weight=0.95),
         loss_weight=50.0,
         postprocess=_edge_probability,
-        make_metric=lambda dataset, **kw: EdgeODSF(max_dist=EDGE_MAX_DIST[dataset], **kw),
+        make_metric=lambda dataset, evaluation, **kw: EdgeODSF(
+            max_dist=EDGE_MAX_DIST[dataset], thin_gt=evaluation.edge_thin_gt, **kw
+        ),
         metric_name="odsF",
         lower_is_better=False,
     ),
@@ -165,7 +170,7 @@ TASKS.add(
         loss=losses.l1,
         loss_weight=1.0,
         postprocess=_depth,
-        make_metric=lambda dataset, **kw: DepthRMSE(**kw),
+        make_metric=lambda dataset, evaluation, **kw: DepthRMSE(**kw),
         metric_name="RMSE",
         lower_is_better=True,
     ),

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fedmtl.config import EvaluationConfig
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.losses import IGNORE_INDEX
 from fedmtl.metrics.depth import MAX_DEPTH
@@ -67,12 +68,16 @@ def trivial_predictions(task: str, train, val) -> torch.Tensor:
     raise ValueError(f"no trivial predictor for task {task!r}")
 
 
-def trivial_metrics(dataset: str, root: Path, tasks, train_size) -> dict[str, float]:
+def trivial_metrics(
+    dataset: str, root: Path, tasks, train_size, evaluation: EvaluationConfig | None = None
+) -> dict[str, float]:
+    """Each task's metric of its trivial predictor on ``dataset``'s validation split, scored as
+    ``evaluation`` says (the run's: the same edge ground truth as its clients)."""
     train = build_dataset(dataset, root, "train", tasks, train_size, augment=False)
     val = build_dataset(dataset, root, "val", tasks, train_size, augment=False)
     out = {}
     for task in tasks:
-        metric = get_task(task).metric(dataset)
+        metric = get_task(task).metric(dataset, evaluation)
         metric.update(trivial_predictions(task, train, val), _stack(val, task))
         out[task] = float(metric.compute())
     return out
@@ -84,7 +89,7 @@ def scenario_trivial_metrics(cfg) -> dict[str, dict[str, float]]:
     for dataset in sorted({group.dataset for group in cfg.clients}):
         tasks = sorted({t for group in cfg.clients if group.dataset == dataset for t in group.tasks})
         root = Path(cfg.data.resolved_root()) / DATASETS.get(dataset).root_folder
-        for task, value in trivial_metrics(dataset, root, tasks, cfg.data.train_size).items():
+        for task, value in trivial_metrics(dataset, root, tasks, cfg.data.train_size, cfg.evaluation).items():
             table[f"{dataset}/{task}"] = {get_task(task).metric_name: value}
     return table
 

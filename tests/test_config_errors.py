@@ -122,6 +122,15 @@ def test_an_out_of_range_value_is_refused_with_one_line_naming_its_field(
     assert fix in line
 
 
+def test_a_switch_that_is_not_true_or_false_is_refused_with_one_line_naming_it(tmp_path, data_root, capsys):
+    """A bool field (here evaluation.edge_thin_gt) takes true or false only; jsonargparse's line
+    names the key and the type."""
+    config = tiny_config(tmp_path, data_root)
+    lines = fit_refused(config, tmp_path / "run", capsys, "--evaluation.edge_thin_gt", "maybe")
+    line = _the_one_error_line(lines)
+    assert '"evaluation.edge_thin_gt"' in line and "bool" in line and "maybe" in line, line
+
+
 @pytest.mark.parametrize("overrides, field, fix", FEDHCA2_REFUSED.values(), ids=FEDHCA2_REFUSED.keys())
 def test_an_out_of_range_fedhca2_option_is_refused_with_one_line_naming_it(
     tmp_path, data_root, capsys, overrides, field, fix
@@ -192,6 +201,7 @@ def test_fit_help_describes_the_fields(capsys):
         "--nonfinite {drop,stop} a client update with NaN/inf: drop it (the client keeps its previous state;",
         "--model.pretrained_strict {true,false} true: every encoder tensor must be in pretrained_file",
         "--evaluation.every EVERY rounds between evaluations on the full validation set;",
+        "--evaluation.edge_thin_gt {true,false} edge odsF matches against the thinned ground-truth boundary,",
         "--data.train_size TRAIN_SIZE training crop and evaluation padding [height, width],",
         "--data.scale_range [ITEM,...] [min, max] of the training augmentation's random rescaling,",
         "--data.cache_mib CACHE_MIB MiB of decoded samples (training and validation, before augmentation)",

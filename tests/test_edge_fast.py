@@ -139,8 +139,13 @@ def test_counts_equal_the_reference(case: str, nms: bool, shape: tuple[int, int]
         fast = edge_image_counts(pred, gt, thresholds, max_dist, nms=nms)
         expected = reference_edge_image_counts(pred, gt, thresholds, max_dist, nms=nms)
         np.testing.assert_array_equal(fast, expected)
+    # The ground truth as given (EdgeODSF(thin_gt=False)): the fast path still equals the reference.
+    np.testing.assert_array_equal(
+        edge_image_counts(pred, gt, thresholds, 0.0115, nms=nms, thin_gt=False),
+        reference_edge_image_counts(pred, gt, thresholds, 0.0115, nms=nms, thin_gt=False),
+    )
     if case == "empty prediction":
-        assert fast[:3].sum() == 0 and fast[3, 0] == gt.sum()
+        assert fast[:3].sum() == 0 and fast[3, 0] == thin(gt).sum()
     if case == "empty ground truth":
         assert fast[3].sum() == 0 and fast[0].sum() == 0 and fast[1, 0] > 0
 

@@ -88,6 +88,22 @@ def test_validate_evaluates_the_latest_checkpoint(tmp_path, data_root, capsys):
     assert "nyud-semseg+depth" in capsys.readouterr().out
 
 
+def test_validate_rescores_edges_against_the_ground_truth_it_is_asked_for(tmp_path, data_root):
+    """A finished run scores edges against the thinned ground truth (SEISM's); ``validate
+    --evaluation.edge_thin_gt false`` rescores the same checkpoint against the unthinned one
+    (the generated NYUD boundaries are 2 px wide, so the two differ) and leaves the other tasks."""
+    clients = [{"dataset": "nyud", "tasks": ["semseg", "edge"], "batch_size": 4}]
+    results = _fit(_config(tmp_path, data_root, rounds=1, clients=clients), tmp_path / "run")
+    assert main(["validate", "--run_dir", str(tmp_path / "run")]) == 0
+    thinned = json.loads((tmp_path / "run" / "validate_results.json").read_text())["clients"]
+    assert thinned == results["clients"]
+    assert main(["validate", "--run_dir", str(tmp_path / "run"), "--evaluation.edge_thin_gt", "false"]) == 0
+    unthinned = json.loads((tmp_path / "run" / "validate_results.json").read_text())["clients"]
+    (name,) = unthinned
+    assert unthinned[name]["metrics"]["semseg"] == thinned[name]["metrics"]["semseg"]
+    assert unthinned[name]["metrics"]["edge"] != thinned[name]["metrics"]["edge"]
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [

@@ -279,6 +279,36 @@ def test_edge_two_parallel_lines_do_not_both_match_one_true_line() -> None:
     assert metric.compute().item() == pytest.approx(100 * 2 / 3)
 
 
+def test_edge_ground_truth_is_thinned_as_seism_does_unless_asked_not_to() -> None:
+    # Label map 10x10, label 1 strictly above the diagonal (x > y). seg2bmap marks a pixel whose
+    # east, south or south-east neighbour has another label: (y, y) (east differs) and (y, y + 1)
+    # (south differs) for y = 0 ... 8, a staircase 2 px wide of 18 pixels. SEISM's
+    # bwmorph(·, 'thin', Inf) leaves one pixel per row: the diagonal (y, y), y = 0 ... 8, and the
+    # end point (8, 9), 10 pixels. The prediction is the whole staircase (its thinning is the same
+    # 10 pixels), matched only on the same pixel (max_dist 0).
+    from fedmtl.data.pascal_context import seg2bmap
+
+    y, x = np.mgrid[:10, :10]
+    boundary = seg2bmap(x > y)
+    staircase = np.zeros((10, 10), dtype=bool)
+    staircase[np.arange(9), np.arange(9)] = staircase[np.arange(9), np.arange(1, 10)] = True
+    assert np.array_equal(boundary, staircase)
+    thinned = np.zeros((10, 10), dtype=bool)
+    thinned[np.arange(9), np.arange(9)] = thinned[8, 9] = True
+    assert np.array_equal(thin(boundary), thinned)
+
+    pred, target = torch.from_numpy(0.8 * boundary)[None], torch.from_numpy(boundary.astype(np.uint8))[None]
+    metric = EdgeODSF(max_dist=0.0, nms=False)  # thin_gt=True by default
+    metric.update(pred, target)
+    assert metric.total_gt[0].item() == 10 and metric.matched_gt[0].item() == 10
+    assert metric.compute().item() == pytest.approx(100.0)
+    unthinned = EdgeODSF(max_dist=0.0, nms=False, thin_gt=False)
+    unthinned.update(pred, target)
+    # P = 10/10, R = 10/18: F = 2·(10/18) / (1 + 10/18) = 20/28.
+    assert unthinned.total_gt[0].item() == 18 and unthinned.matched_gt[0].item() == 10
+    assert unthinned.compute().item() == pytest.approx(100 * 20 / 28)
+
+
 @pytest.mark.parametrize(("shift", "expected"), [(1, 100.0), (2, 0.0)])
 def test_edge_offset_within_and_beyond_tolerance(shift: int, expected: float) -> None:
     assert _odsf(_edge_lines(shift), _edge_lines()).compute().item() == pytest.approx(expected)

@@ -99,3 +99,17 @@ def test_task_registry_and_dataset_registry_agree():
     for name in DATASETS:
         assert DATASETS.get(name).tasks == DATASET_TASKS[name]
         assert all(name in get_task(t).datasets for t in DATASETS.get(name).tasks)
+
+
+def test_the_evaluation_config_chooses_the_edge_ground_truth_of_every_client():
+    """A client's edge metric thins the ground truth unless ``evaluation.edge_thin_gt`` is false;
+    the option is the edge metric's only, every other task's metric takes the config as well."""
+    from fedmtl.config import EvaluationConfig, ModelConfig
+    from fedmtl.federated.client import ClientModule, ClientSpec
+
+    spec = ClientSpec("c", "nyud", ("semseg", "normals", "edge", "depth"), 1, 2, (0, 1))
+    default = ClientModule(spec, ModelConfig(), total_epochs=1, img_size=(32, 32))
+    assert default.metrics["edge"].thin_gt is True
+    off = ClientModule(spec, ModelConfig(), 1, (32, 32), EvaluationConfig(edge_thin_gt=False))
+    assert off.metrics["edge"].thin_gt is False
+    assert get_task("edge").metric("pascal_context").thin_gt is True

@@ -75,3 +75,15 @@ def test_a_hair_above_the_trivial_predictor_is_not_learnt(tmp_path):
     assert lines[2] == "| a-semseg/semseg_mIoU | 4.034 | 4.036 | 4.3 ✓ |"
     assert lines[3] == "| b-depth/depth_RMSE | 1 | 0.96 | 0.94 ✓ |"
     assert learnt_table(report, trivial, {"RMSE"}, margin=0.0).splitlines()[2].endswith("4.036 ✓ | 4.3 ✓ |")
+
+
+def test_the_edge_floor_is_scored_against_the_ground_truth_the_run_scores_against(data_root):
+    """``evaluation.edge_thin_gt`` reaches the trivial predictor's metric: the Sobel floor and the
+    clients' odsF are always scored against the same ground truth."""
+    from fedmtl.config import EvaluationConfig
+
+    root, tasks = data_root / "PASCALContext", ["edge"]
+    thinned = trivial_metrics("pascal_context", root, tasks, SIZE)["edge"]
+    assert thinned == trivial_metrics("pascal_context", root, tasks, SIZE, EvaluationConfig())["edge"]
+    unthinned = trivial_metrics("pascal_context", root, tasks, SIZE, EvaluationConfig(edge_thin_gt=False))
+    assert unthinned["edge"] != thinned

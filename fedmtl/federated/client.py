@@ -16,7 +16,7 @@ import torch
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 
-from fedmtl.config import ModelConfig, OptimizerConfig
+from fedmtl.config import EvaluationConfig, ModelConfig, OptimizerConfig
 from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import get_task, multi_task_loss
 
@@ -53,7 +53,12 @@ class ClientModule(L.LightningModule):
     """One client's model, loss, optimiser and metrics."""
 
     def __init__(
-        self, spec: ClientSpec, model: ModelConfig, total_epochs: int, img_size: tuple[int, int] | None = None
+        self,
+        spec: ClientSpec,
+        model: ModelConfig,
+        total_epochs: int,
+        img_size: tuple[int, int] | None = None,
+        evaluation: EvaluationConfig | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -70,7 +75,7 @@ class ClientModule(L.LightningModule):
         )
         # A client is validated on one rank only: its metrics must not sync with other ranks.
         self.metrics = nn.ModuleDict(
-            {t: get_task(t).metric(spec.dataset, sync_on_compute=False) for t in spec.tasks}
+            {t: get_task(t).metric(spec.dataset, evaluation, sync_on_compute=False) for t in spec.tasks}
         )
         self._nonfinite: set[str] = set()  # tasks whose predictions held NaN/inf since the last compute
 

@@ -144,7 +144,9 @@ class Simulation:
         spec = self.specs[i]
         key = (spec.dataset, spec.tasks)
         if key not in self._modules:
-            module = ClientModule(spec, self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
+            module = ClientModule(
+                spec, self.cfg.model, self.total_epochs[i], self._img_size(i), self.cfg.evaluation
+            )
             self._modules[key] = self.fabric.to_device(module)
         module = self._modules[key]
         module.spec = spec

@@ -241,6 +241,7 @@ def reference_edge_image_counts(
     max_dist: float,
     ignore_index: int = 255,
     nms: bool = True,
+    thin_gt: bool = True,
 ) -> np.ndarray:
     """[4, T] int64 counts for one image: matched pred, total pred, matched gt, total gt per threshold.
 
@@ -250,7 +251,8 @@ def reference_edge_image_counts(
     evaluating, so the matching radius is ``max_dist`` × the diagonal of the valid region's
     bounding box, not of the padded array. With ``nms`` (default) the cropped grey levels first
     go through the public ``nms_process.m`` (:func:`fedmtl.metrics.edge_nms.structured_edge_nms`,
-    which returns grey levels again); without it they are thresholded as they are.
+    which returns grey levels again); without it they are thresholded as they are. With
+    ``thin_gt`` the ground-truth boundary is thinned (:func:`reference_thin`) before matching.
     """
     if pred.dtype != np.uint8:
         raise TypeError(f"pred: expected uint8 grey levels (see quantize_edge), got dtype {pred.dtype}")
@@ -264,6 +266,8 @@ def reference_edge_image_counts(
     if nms:
         pred = reference_structured_edge_nms(np.ascontiguousarray(pred))
     gt = (target == 1) & valid
+    if thin_gt:
+        gt = reference_thin(gt)
     matcher = BoundaryMatcher(gt, max_dist * math.hypot(*gt.shape))
     counts[TOTAL_GT] = matcher.num_gt
 

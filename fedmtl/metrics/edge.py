@@ -47,23 +47,37 @@ scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/F
    docstring), run per image on the cropped grey levels inside :func:`edge_image_counts`.
    ``EdgeODSF(nms=False)`` thresholds the quantised probabilities directly, as fedmtl did
    before.
-4. Thinning (implemented). seism ``src/piotr_edges/edgesEvalImg.m`` (jponttuset/seism; the
-   fork's copy is not in the index, assumed unchanged): ``bwmorph(E1, 'thin', inf)`` of each
-   binarised prediction, ground truth not thinned; no other morphology. Here:
-   :func:`fedmtl.metrics.thinning.thin` (the same algorithm).
-5. Ground truth (PASCAL-Context reproduced; NYUD documented). innovator-zero/seism ``src/gt_wrappers/db_gt.m``:
-   PASCAL-Context ``LabelMap`` from ``pascal-context/trainval/<id>.mat``, relabelled, and
-   ``edgesEvalImg`` turns it into boundaries with BSDS ``seg2bmap`` (a pixel is a boundary if
-   its label differs from its east, south or south-east neighbour; last row/column compare one
-   neighbour; 1 px wide, offset half a pixel towards the origin; not thinned further). NYUD:
-   ``groundTruth{1}.Boundaries`` from ``NYUDv2/edge_mat/<id>.mat`` (a directory the dataset
-   layout of REFERENCE.md does not have), also passed through ``seg2bmap``. fedmtl scores
-   against the target the data loader gives for the validation split: PASCAL-Context
-   ``seg2bmap`` of the LabelMap (:func:`fedmtl.data.pascal_context.seg2bmap`, as SEISM; the
-   training split keeps the public training label, the 4-neighbour Laplacian of the LabelMap
-   != 0, thinned: FedHCA² ``datasets/pascal_context.py`` ``_load_edge``); NYUD
-   ``edge/<id>.png`` / 255 (FedHCA² ``datasets/nyud.py``), not SEISM's ``edge_mat``. Whether
-   the NYUD png equals the .mat boundaries: not found.
+4. Thinning (implemented), of the prediction and of the ground truth. innovator-zero/seism
+   ``src/piotr_edges/edgesEvalImg.m``, line 59: ``G{g}=double(bwmorph(seg2bmap(G{g}),'thin',
+   'Inf'))`` — the fork thins the ground-truth boundary map with MATLAB's ``bwmorph(·, 'thin',
+   Inf)`` before matching (an earlier version of this docstring assumed the fork's file
+   unchanged from jponttuset/seism and fedmtl matched against the unthinned map);
+   line 67 thins each binarised prediction the same way. No other morphology. Here: both with
+   :func:`fedmtl.metrics.thinning.thin` (the same algorithm; equal to skimage's ``thin``, a
+   port of it, on the maps tested), the ground truth once per image after cropping the padding (MATLAB thins the
+   cropped image the public code saved, pixels outside it count as background).
+   ``EdgeODSF(thin_gt=False)`` (config: ``evaluation.edge_thin_gt: false``) matches against the
+   unthinned map, fedmtl's behaviour before: on thick label boundaries it scores lower, as
+   fewer ground-truth pixels are reachable one-to-one.
+5. Ground truth (PASCAL-Context reproduced; NYUD as close as its files allow).
+   innovator-zero/seism ``src/gt_wrappers/db_gt.m``: PASCAL-Context ``LabelMap`` from
+   ``pascal-context/trainval/<id>.mat``, relabelled, and ``edgesEvalImg`` turns it into
+   boundaries with BSDS ``seg2bmap`` (a pixel is a boundary if its label differs from its
+   east, south or south-east neighbour; last row/column compare one neighbour; offset half a
+   pixel towards the origin; 2 px wide where a boundary runs diagonally or two changes meet),
+   then thins it (point 4). NYUD: ``groundTruth{1}.Boundaries`` from
+   ``NYUDv2/edge_mat/<id>.mat`` (a directory the dataset layout of REFERENCE.md does not
+   have), also passed through ``seg2bmap`` and thinned. fedmtl scores against the target the
+   data loader gives for the validation split, thinned here: PASCAL-Context ``seg2bmap`` of the
+   LabelMap (:func:`fedmtl.data.pascal_context.seg2bmap`, as SEISM; the training split keeps
+   the public training label, the 4-neighbour Laplacian of the LabelMap != 0, thinned: FedHCA²
+   ``datasets/pascal_context.py`` ``_load_edge``), so the PASCAL-Context ground truth is
+   SEISM's exactly. NYUD: ``edge/<id>.png`` / 255, the file FedHCA² ``datasets/nyud.py`` reads
+   and the only NYUD boundary file of the public layout, thinned, without ``seg2bmap``: the
+   png is already a boundary map, not a label map, and whether it equals ``edge_mat``'s
+   ``Boundaries`` was not found. Were it equal, SEISM's ``seg2bmap`` would turn each 1-px line
+   into a 2-px band whose thinning lies on the line or one pixel before it — within NYUD's
+   tolerance at the paper's size (0.011 × the 448×576 diagonal ≈ 8 px), not at 32×32.
 6. Ignored pixels. Public: none; ``predict`` crops the padding so every pixel of the original
    image counts, and the radius is ``maxDist`` × the original image's diagonal. Here: the
    ``ignore_index`` padding is removed by cropping to the valid region's bounding box (below),
@@ -131,7 +145,7 @@ from fedmtl.metrics._utils import (
     safe_divide,
 )
 from fedmtl.metrics.edge_nms import structured_edge_nms
-from fedmtl.metrics.thinning import DELETION_TABLES, neighbour_offsets, thin_canvas
+from fedmtl.metrics.thinning import DELETION_TABLES, neighbour_offsets, thin, thin_canvas
 
 # Rows of the per-image count array returned by edge_image_counts.
 MATCHED_PRED, TOTAL_PRED, MATCHED_GT, TOTAL_GT = range(4)
@@ -603,6 +617,12 @@ def _threshold_counts(
     return total, matched, num_gt
 
 
+def ground_truth_boundary(target: np.ndarray, valid: np.ndarray, thin_gt: bool) -> np.ndarray:
+    """The boundary pixels matched against: ``target == 1`` where valid, thinned if ``thin_gt``."""
+    gt = (target == 1) & valid
+    return thin(gt) if thin_gt else gt
+
+
 def edge_image_counts(
     pred: np.ndarray,
     target: np.ndarray,
@@ -610,11 +630,13 @@ def edge_image_counts(
     max_dist: float,
     ignore_index: int = 255,
     nms: bool = True,
+    thin_gt: bool = True,
 ) -> np.ndarray:
     """[4, T] int64 counts for one image: matched pred, total pred, matched gt, total gt per threshold.
 
     ``pred`` [H, W] uint8 grey levels (:func:`quantize_edge`), compared as ``pred / 255 >= t``;
-    ``target`` [H, W] in {0, 1, ignore_index}. Padding
+    ``target`` [H, W] in {0, 1, ignore_index}; with ``thin_gt`` (default) its boundary pixels
+    are thinned after cropping, as SEISM does (module docstring, point 4). Padding
     (``ignore_index``) is removed from both maps. The public code crops the padding off before
     evaluating, so the matching radius is ``max_dist`` × the diagonal of the valid region's
     bounding box, not of the padded array. With ``nms`` (default) the cropped grey levels first
@@ -633,7 +655,7 @@ def edge_image_counts(
     pred, target, valid = pred[box], target[box], valid[box]
     if nms:
         pred = structured_edge_nms(np.ascontiguousarray(pred))
-    gt = (target == 1) & valid
+    gt = ground_truth_boundary(target, valid, thin_gt)
     radius = max_dist * math.hypot(*gt.shape)
     stencil_dy, stencil_dx = np.nonzero(disk(radius))
     reach = math.floor(radius)
@@ -676,7 +698,9 @@ class EdgeODSF(Metric):
     not the ``edge/nms`` output); ``target`` [B, H, W] binary boundary map, ``ignore_index``
     marking padding. ``nms`` (default True): apply the public structured-edge non-maximum
     suppression to each image's grey levels before thresholding (module docstring, point 3);
-    False thresholds the grey levels directly. The quantisation runs on the input's device;
+    False thresholds the grey levels directly. ``thin_gt`` (default True): thin the ground-truth
+    boundary map before matching, as the authors' SEISM fork does (module docstring, point 4);
+    False matches against the map as given. The quantisation runs on the input's device;
     the NMS and the matching run per image on the CPU in numpy; the state is four [T] count
     tensors summed across processes.
     """
@@ -696,6 +720,7 @@ class EdgeODSF(Metric):
         thresholds: int = 99,
         ignore_index: int = 255,
         nms: bool = True,
+        thin_gt: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -706,6 +731,7 @@ class EdgeODSF(Metric):
         self.max_dist = max_dist
         self.ignore_index = ignore_index
         self.nms = nms
+        self.thin_gt = thin_gt
         self.threshold_values = edge_thresholds(thresholds)
         for name in ("matched_pred", "total_pred", "matched_gt", "total_gt"):
             self.add_state(name, default=torch.zeros(thresholds, dtype=torch.long), dist_reduce_fx="sum")
@@ -726,7 +752,13 @@ class EdgeODSF(Metric):
         counts = np.zeros((4, self.threshold_values.size), dtype=np.int64)
         for p, t in zip(pred_np, target_np):
             counts += edge_image_counts(
-                p, t, self.threshold_values, self.max_dist, self.ignore_index, nms=self.nms
+                p,
+                t,
+                self.threshold_values,
+                self.max_dist,
+                self.ignore_index,
+                nms=self.nms,
+                thin_gt=self.thin_gt,
             )
         counts = torch.from_numpy(counts).to(self.matched_pred.device)
         self.matched_pred += counts[MATCHED_PRED]

@@ -60,6 +60,12 @@ REFUSED = {
         "[1.0, 1.0] turns the rescaling off",
     ),
     "data.scale_range 0": ({}, ["--data.scale_range", "[0.0, 1.0]"], "data.scale_range", "0 < min <= max"),
+    "data.human_parts_selection paper": (
+        {},
+        ["--data.human_parts_selection", "paper"],
+        "data.human_parts_selection",
+        "must be correct or public, got 'paper': correct (the default) keeps",
+    ),
     "data.synth num_train 0": (
         {},
         ["--data.synth", '{"nyud": {"num_train": 0}}'],

@@ -113,7 +113,7 @@ class DenseDataset(torch.utils.data.Dataset):
                     f"indices {bad[:5]} out of range for the {len(split_ids)} {split} images of {self.name}"
                 )
         self._prepare()
-        positions = [i for i in positions if self._keep(split_ids[i])]
+        positions = self._select(split_ids, positions)
         self.split_indices = positions  # index in the split file, of every sample
         self.ids = [split_ids[i] for i in positions]
 
@@ -122,9 +122,10 @@ class DenseDataset(torch.utils.data.Dataset):
     def _prepare(self) -> None:
         """Read what the requested tasks need once, after the files were checked."""
 
-    def _keep(self, image_id: str) -> bool:
-        """Whether an image of the selection is used (applied after ``indices``)."""
-        return True
+    def _select(self, split_ids: Sequence[str], positions: list[int]) -> list[int]:
+        """The positions in the split of the images used, in order, given the selection
+        ``positions`` (``indices``, or the whole split): all of them by default."""
+        return positions
 
     def _meta_files(self) -> list[Path]:
         """Files needed once (not per image) for the requested tasks."""
@@ -182,12 +183,17 @@ class DenseDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Sample:
         image_id = self.ids[index]
-        sample = self._read(image_id)
+        sample = self._raw(index)
         height, width = sample["image"].shape[:2]
         if self.transform is not None:
             sample = self.transform(sample, self.rng(index))
         sample["meta"] = {"id": image_id, "index": self.split_indices[index], "size": (height, width)}
         return sample
+
+    def _raw(self, index: int) -> Sample:
+        """Sample ``index`` before transforms: its decoded files (a subclass may change labels
+        by position; the cached sample itself is never modified)."""
+        return self._read(self.ids[index])
 
     def _read(self, image_id: str) -> Sample:
         """The decoded sample, from the cache when it holds it (then kept there if it fits)."""
@@ -246,6 +252,7 @@ def build_dataset(
     seed: int = 0,
     scale_range: Sequence[float] = PAPER_SCALE_RANGE,
     cache: SampleCache | None = None,
+    human_parts_selection: str | None = None,
 ) -> DenseDataset:
     """A dataset with the transforms of the public code.
 
@@ -259,12 +266,18 @@ def build_dataset(
         0.5-2.0 by default; depth is divided by the factor).
     cache: where decoded samples are kept between epochs (:mod:`fedmtl.data.cache`); None:
         every sample is read from disk each time.
+    human_parts_selection: which images a human_parts dataset keeps and labels, "correct" or
+        "public" (:mod:`fedmtl.data.pascal_context`); None: the dataset's default ("correct").
+        Passed only to a dataset that has the human_parts task.
     """
     spec = DATASETS.get(name)
     size = as_size(train_size) if train_size is not None else spec.train_size
     if augment is None:
         augment = split == "train"
     transform = train_transforms(size, scale_range) if augment else eval_transforms(size)
+    options = {}
+    if human_parts_selection is not None and "human_parts" in spec.tasks:
+        options["human_parts_selection"] = human_parts_selection
     return spec.dataset_class(
         dataset_root(spec, root),
         split=split,
@@ -273,6 +286,7 @@ def build_dataset(
         indices=indices,
         seed=seed,
         cache=cache,
+        **options,
     )
 
 

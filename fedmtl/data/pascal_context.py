@@ -12,14 +12,48 @@ Labels are read as the public FedHCA² loader reads them (``datasets/pascal_cont
   train: 4-neighbour Laplacian != 0, thinned (the public training label, :func:`label_boundaries`);
   val: BSDS ``seg2bmap`` (the ground truth of the public SEISM evaluation, :func:`seg2bmap`).
 
-A dataset whose only task is human_parts drops the images without a person (after ``indices``),
-as the public code does, so a single-task parts client trains only on images with people.
+Which images a human_parts dataset keeps, and which it labels, is ``human_parts_selection``
+(the config's ``data.human_parts_selection``, :data:`HUMAN_PARTS_SELECTIONS`):
+
+- "correct" (the default): a dataset whose only task is human_parts keeps exactly the images of
+  its selection (``indices``, in their order; the whole split without) that show a person, so a
+  single-task parts client trains only on images with people; any other dataset keeps them all.
+  Every image is labelled from its own annotation (all 255 without a person).
+- "public": the public loader's selection, reproduced for the paper's human-parts numbers.
+  FedHCA² ``datasets/pascal_context.py`` (innovator-zero/FedHCA2 at 9e3c9b3) computes its
+  has-a-person flags over the whole split, ``flag[k]`` of split image k (lines 160-167: class 15
+  in ``part_obj_dict``: the classes of the objects of non-empty mask, from ``_preprocess_parts``,
+  lines 325-346, or the ``ImageSets/Parts/<split>.txt`` it wrote, lines 157-159 and 316-323; the
+  same test as :func:`has_person`). ``__build_truncated_dataset__``
+  (called at line 169, lines 184-192) then replaces the image list by the client's ``dataidxs``
+  and leaves ``has_human_parts`` as it was, so both readers index the whole split's flags by
+  position in the client's list: the parts-only filter (lines 171-182) deletes position i when
+  ``has_human_parts[i] == 0``, and ``_load_human_parts`` (lines 251-284) reads the annotation
+  only ``if self.has_human_parts[index]``, else returns zeros (line 284), as it does for an
+  image without a person with parts (lines 277-279); ``AddIgnoreRegions``
+  (``datasets/custom_transforms.py``) turns an all-zero map into all 255. With the client's list
+  ``split[indices[0]], ..., split[indices[n - 1]]``:
+
+  * a parts-only client keeps the images at the positions k with ``flag[k] == 1``, whether they
+    show a person or not (the filter deletes a flag with its image, so every kept image reads a
+    flag 1 at its new position and is labelled from its own annotation: all 255 without a
+    person), and drops those at ``flag[k] == 0``, people or not;
+  * any other client keeps every image; the one at position k is labelled from its own
+    annotation where ``flag[k] == 1`` and all 255 where ``flag[k] == 0``, even if it shows a
+    person.
+
+  Only ``flag[0 .. n-1]`` is ever read. Without ``indices`` position k is split image k and the
+  two modes agree: the public code builds its validation sets without ``dataidxs`` (``train.py``
+  ``get_clients``), so "public" changes the training sets only (it applies to any split given
+  ``indices``). The number of images a parts-only client keeps, ``sum(flag[0 .. n-1])``, depends
+  only on n; which images they are depends on the order of ``indices``: fedmtl's partitions are
+  sorted, the public code's in the order of its random permutation (``utils.get_st_config``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +73,9 @@ from fedmtl.data.layout import (
 from fedmtl.data.transforms import IGNORE, Sample
 
 PERSON_CLASS = 15  # VOC class index of "person" in PASCAL-Part
+
+#: Values of ``human_parts_selection`` (see the module docstring); the first is the default.
+HUMAN_PARTS_SELECTIONS = ("correct", "public")
 
 # PASCAL-Part person part -> human_parts label (1 head, 2 torso, 3 upper arms,
 # 4 lower arms and hands, 5 upper legs, 6 lower legs and feet), as in the public code.
@@ -190,6 +227,20 @@ class PascalContext(DenseDataset):
     title = "PASCAL-Context"
     tasks_available = ("semseg", "human_parts", "sal", "normals", "edge")
     tree = PASCAL_CONTEXT_TREE
+    layout_class = PascalContextLayout
+
+    def __init__(self, *args, human_parts_selection: str = HUMAN_PARTS_SELECTIONS[0], **kwargs) -> None:
+        """The arguments of :class:`~fedmtl.data.datasets.DenseDataset`, and which images a
+        human_parts dataset keeps and labels: "correct" or "public" (see the module docstring)."""
+        if human_parts_selection not in HUMAN_PARTS_SELECTIONS:
+            raise ValueError(
+                f"human_parts_selection must be one of {', '.join(HUMAN_PARTS_SELECTIONS)}, "
+                f"got {human_parts_selection!r} (the config's data.human_parts_selection)"
+            )
+        self.human_parts_selection = human_parts_selection
+        # Per sample: whether its human_parts label is replaced by all 255 ("public" only).
+        self._parts_ignored: list[bool] = []
+        super().__init__(*args, **kwargs)
 
     def _prepare(self) -> None:
         if "normals" in self.tasks:
@@ -197,10 +248,31 @@ class PascalContext(DenseDataset):
             context = json.loads(self.layout.json("context_classes").read_text())
             self.normals_classes = normals_valid_classes(nyu, context)
 
-    def _keep(self, image_id: str) -> bool:
-        return self.tasks != ("human_parts",) or has_person(self.layout.human_parts(image_id))
+    def _has_person(self, image_id: str) -> bool:
+        return has_person(self.layout.human_parts(image_id))
 
-    layout_class = PascalContextLayout
+    def _select(self, split_ids: Sequence[str], positions: list[int]) -> list[int]:
+        parts_only = self.tasks == ("human_parts",)
+        if self.human_parts_selection == "correct" or "human_parts" not in self.tasks:
+            return [i for i in positions if self._has_person(split_ids[i])] if parts_only else positions
+        # "public": the image at position k of the selection reads the flag of split image k.
+        if len(positions) > len(split_ids):
+            raise ValueError(
+                f"human_parts_selection 'public' reads, for position k of the {len(positions)} indices, "
+                f"the flag of split image k: the {self.split} split has only {len(split_ids)}; "
+                "list each image once, or use human_parts_selection 'correct'"
+            )
+        flags = [self._has_person(split_ids[k]) for k in range(len(positions))]
+        if parts_only:  # kept images read flag 1 at their new positions: their own labels
+            return [i for i, flag in zip(positions, flags) if flag]
+        self._parts_ignored = [not flag for flag in flags]
+        return positions
+
+    def _raw(self, index: int) -> Sample:
+        sample = super()._raw(index)
+        if self._parts_ignored and self._parts_ignored[index]:
+            sample = {**sample, "human_parts": np.full_like(sample["human_parts"], IGNORE)}
+        return sample
 
     def _meta_files(self) -> list[Path]:
         if "normals" in self.tasks:

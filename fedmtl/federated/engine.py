@@ -130,6 +130,7 @@ class Simulation:
             seed=derive_seed(self.cfg.seed, "augment", i),
             scale_range=self.cfg.data.scale_range,
             cache=self._samples,
+            human_parts_selection=self.cfg.data.human_parts_selection,
         )
 
     def _num_samples(self, i: int) -> int:

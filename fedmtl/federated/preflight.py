@@ -83,6 +83,7 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
                 dataset = build_dataset(
                     spec.dataset, root, split, tasks=spec.tasks, train_size=img_size,
                     indices=spec.train_indices if split == "train" else None,
+                    human_parts_selection=cfg.data.human_parts_selection,
                 )  # fmt: skip
             except FileNotFoundError as err:  # a file of the split is missing (named)
                 raise FileNotFoundError(f"{err}; {check_hint(root)}") from None

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from jsonargparse import lazy_instance
 
 from fedmtl.methods import Local, Method
-from fedmtl.models.backbone import DEFAULT_BACKBONE
+from fedmtl.models.backbone import DEFAULT_BACKBONE, SWIN_WINDOWS
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
 MIN_TRAIN_SIZE = 32  # the encoders' output stride: the deepest feature map is 1/32 of the image
@@ -61,6 +61,14 @@ class ModelConfig:
             faster kernels for a small convolutional encoder on the CPU (the benchmark's clients
             trained in 0.83-0.86x the time; README, "Measured here"); float rounding differs, so
             a run with it does not repeat one without it bit for bit.
+        swin_windows: how a Swin encoder's shifted windows meet a feature map whose sides are not
+            multiples of 7 (every stage at the paper's 512x512 and 448x576). mmseg: as
+            mmsegmentation's Swin, the public FedHCA² encoder: pad, then shift, 7x7 windows and
+            shift 3 at every stage and input size (so mmseg checkpoints fit at any size). timm:
+            timm's order (shift, then pad; smaller windows, no shift, for maps of 7 or less),
+            fedmtl's Swin before issue #25. Same weights and names either way; the features differ
+            (fedmtl/models/swin_windows.py). It applies to swin_t/s/b and timm's other
+            swin_transformer models; other backbones (Swin V2 included) ignore it.
     """
 
     backbone: str = DEFAULT_BACKBONE
@@ -68,10 +76,17 @@ class ModelConfig:
     pretrained_strict: bool = True
     embed_dim: int | None = None
     channels_last: bool = False
+    # mmseg's order by default: the paper's encoder is mmseg's Swin whatever the weights
+    swin_windows: Literal["mmseg", "timm"] = "mmseg"
 
     def __post_init__(self) -> None:
         if self.embed_dim is not None:
             _at_least("model.embed_dim", self.embed_dim, 1, " (or null: the encoder's first-scale channels)")
+        if self.swin_windows not in SWIN_WINDOWS:  # jsonargparse checks the Literal; Python callers too
+            raise ValueError(
+                f"model.swin_windows must be {' or '.join(SWIN_WINDOWS)}, got {self.swin_windows!r} "
+                "(mmseg: mmsegmentation's window order, the paper's encoder; timm: timm's)"
+            )
 
 
 @dataclass(frozen=True)

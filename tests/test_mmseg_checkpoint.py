@@ -104,7 +104,8 @@ def test_an_mmseg_checkpoint_loads_every_tensor_of_the_encoder(source, tmp_path,
         assert torch.equal(got[key], value), key
     x = torch.randn(1, 3, *SIZE)
     with torch.no_grad():
-        for a, b in zip(loaded(x), source(x), strict=True):
+        # eval: timm's Swin drops paths at random in training mode (drop_path_rate 0.1)
+        for a, b in zip(loaded.eval()(x), source.eval()(x), strict=True):
             assert torch.equal(a, b)
 
 

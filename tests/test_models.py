@@ -66,8 +66,9 @@ def test_swin_t_paper_model_at_paper_sizes(dataset, tasks, size):
 @pytest.mark.parametrize("size", [(512, 512), (448, 576)])
 def test_swin_t_encoder_has_the_public_codes_parameter_count(size):
     """timm's Swin-T body (27,517,818) plus one LayerNorm per stage, as mmseg's norm0..norm3:
-    27,520,698, the public FedHCA² code's count. From 224 pixels a side up every stage keeps its
-    7×7 windows; smaller inputs shrink timm's relative-position tables (64×64: 27,504,378)."""
+    27,520,698, the public FedHCA² code's count, at any input size with mmseg's window order
+    (the default); with ``swin_windows="timm"`` from 224 pixels a side up (smaller inputs shrink
+    timm's relative-position tables: 64×64, 27,504,378)."""
     encoder = create_encoder("swin_t", img_size=size)
     assert sum(p.numel() for p in encoder.parameters()) == 27_520_698
     assert sum(p.numel() for p in encoder.body.parameters()) == 27_517_818

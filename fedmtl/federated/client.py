@@ -72,6 +72,7 @@ class ClientModule(L.LightningModule):
             img_size=img_size,
             embed_dim=model.embed_dim,
             channels_last=model.channels_last,
+            swin_windows=model.swin_windows,
         )
         # A client is validated on one rank only: its metrics must not sync with other ranks.
         self.metrics = nn.ModuleDict(

@@ -20,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -39,6 +40,10 @@ PAPER_BACKBONES = {
 }
 # Small enough to train a handful of clients on a laptop CPU in minutes.
 DEFAULT_BACKBONE = "regnetx_002"
+# How Swin's shifted windows meet a map whose sides are not multiples of the window: see
+# create_encoder's ``swin_windows`` and fedmtl.models.swin_windows.
+SwinWindows = Literal["mmseg", "timm"]
+SWIN_WINDOWS: tuple[SwinWindows, ...] = ("mmseg", "timm")
 
 _SAVE_HINT = "save the weights with torch.save(model.state_dict(), PATH) or safetensors.torch.save_file"
 # Tensors read from weights files, by (path, mtime, size): the engine builds a model per client.
@@ -84,18 +89,32 @@ def create_encoder(
     img_size: tuple[int, int] | None = None,
     pretrained_strict: bool = True,
     stage_norms: bool | None = None,
+    swin_windows: SwinWindows = "mmseg",
     **timm_kwargs,
 ) -> Encoder:
     """Build the encoder of a client model.
 
     ``name`` is a timm model name or one of ``PAPER_BACKBONES``; ``img_size`` is passed to
     models that fix their input size at construction (Swin), e.g. (512, 512) or (448, 576).
-    timm shrinks Swin's 7×7 windows (and their relative-position tables) for stages whose map
-    is smaller than 7, i.e. below 224 pixels a side; mmseg never does, so its checkpoints need
-    ``img_size`` of at least 224 a side (the paper's sizes are).
     ``pretrained_file`` and ``pretrained_strict``: see :func:`load_pretrained`.
     ``stage_norms``: one LayerNorm per stage output (see :class:`Encoder`); None (default) means
     True for the paper's Swin models (``PAPER_BACKBONES``, by short or timm name), False for others.
+
+    ``swin_windows``: the window order of a Swin's shifted-window blocks (timm's
+    ``swin_transformer`` models: swin_t/s/b and the rest of that family; see
+    fedmtl.models.swin_windows). ``"mmseg"`` (default): as mmsegmentation's Swin, the paper's
+    encoder whatever the weights: pad to a multiple of the window, then shift; full 7×7 windows
+    and shift 3 at every stage and image size, so the relative-position tables have mmseg's
+    shapes at any ``img_size``. ``"timm"``: timm's order (shift, then pad), which also shrinks
+    the windows (and their tables) for stages whose map is smaller than 7 (below 224 pixels a
+    side) and drops the shift where the map is no larger than 7 (the last stage at 224);
+    fedmtl's behaviour before the option existed. Same parameter names either way. The two
+    agree on a stage whose map sides are multiples of 7 and larger than 7 (224×224: the first
+    three stages); at the paper's sizes (maps 128…16, 112×144…14×18) every stage differs.
+    Why mmseg's by default: the public FedHCA² encoder is mmseg's Swin and its checkpoints were
+    trained with that order; its mask also matches what was shifted, while in timm's order
+    tokens that wrapped around share a region with the opposite edge. Other backbones have no
+    shifted windows and ignore the option (a CNN is the same model under both values).
     """
     import timm  # here, not at the top: timm (and torchvision) would slow `fedmtl fit --help` by seconds
 
@@ -105,9 +124,16 @@ def create_encoder(
             f"unknown backbone {name!r}: not a timm model name nor one of {sorted(PAPER_BACKBONES)} "
             f"(list timm names with timm.list_models('pattern*'))"
         )
+    if swin_windows not in SWIN_WINDOWS:
+        raise ValueError(f"swin_windows must be one of {list(SWIN_WINDOWS)}, got {swin_windows!r}")
     kwargs = dict(timm_kwargs)
     if img_size is not None and "swin" in timm_name:
         kwargs["img_size"] = tuple(img_size)
+    mmseg_windows = swin_windows == "mmseg" and timm.models.is_model_in_modules(
+        timm_name, ["swin_transformer"]
+    )
+    if mmseg_windows:  # mmseg never clips a window to a small map nor drops its shift
+        kwargs.setdefault("always_partition", True)
     if pretrained_file is not None:
         path = Path(pretrained_file).expanduser()
         if not path.is_file():
@@ -119,6 +145,10 @@ def create_encoder(
     body = timm.create_model(
         timm_name, pretrained=False, features_only=True, out_indices=(-4, -3, -2, -1), **kwargs
     )
+    if mmseg_windows:
+        from fedmtl.models.swin_windows import use_mmseg_windows  # imports timm: see above
+
+        use_mmseg_windows(body)
     if stage_norms is None:
         stage_norms = timm_name in PAPER_BACKBONES.values()
     encoder = Encoder(body, stage_norms=stage_norms)

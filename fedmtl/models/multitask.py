@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmtl.models.backbone import DEFAULT_BACKBONE, create_encoder
+from fedmtl.models.backbone import DEFAULT_BACKBONE, SwinWindows, create_encoder
 from fedmtl.models.decoder import FCNDecoder, Head
 from fedmtl.tasks import check_tasks, get_task
 
@@ -37,6 +37,8 @@ class MultiTaskModel(nn.Module):
             default encoder on one CPU thread (README, "Measured here"; PyTorch advises it for
             convolutional networks under mixed precision on CUDA, not measured here); the float
             rounding differs.
+        swin_windows: a Swin encoder's shifted-window order, ``"mmseg"`` (default) or ``"timm"``
+            (see :func:`fedmtl.models.backbone.create_encoder`); other backbones ignore it.
     """
 
     def __init__(
@@ -49,12 +51,17 @@ class MultiTaskModel(nn.Module):
         embed_dim: int | None = None,
         pretrained_strict: bool = True,
         channels_last: bool = False,
+        swin_windows: SwinWindows = "mmseg",
     ) -> None:
         super().__init__()
         self.dataset = dataset
         self.tasks = check_tasks(dataset, list(tasks))
         self.encoder = create_encoder(
-            backbone, pretrained_file=pretrained_file, img_size=img_size, pretrained_strict=pretrained_strict
+            backbone,
+            pretrained_file=pretrained_file,
+            img_size=img_size,
+            pretrained_strict=pretrained_strict,
+            swin_windows=swin_windows,
         )
         embed_dim = embed_dim or self.encoder.channels[0]
         self.decoders = nn.ModuleDict({t: FCNDecoder(self.encoder.channels, embed_dim) for t in self.tasks})

@@ -137,6 +137,12 @@ class ClientGroup:
         local_epochs: epochs each client trains per round (the paper: 1 for PASCAL-Context, 4 for
             NYUD-v2).
         batch_size: training batch size of each client.
+        loss_shards: split each training batch into this many equal parts, each normalising its
+            losses by its own valid pixels (and saliency's class weight by its own pixels), and
+            average the parts' losses: the arithmetic of the public run, which trains a client
+            data-parallel on 2 GPUs, batch 8 as two halves of 4 (2 reproduces it; BatchNorm still
+            sees the whole batch, as the public SyncBatchNorm does). 1: one normalisation over
+            the whole batch. Must divide batch_size.
         optimizer: each client's optimizer and learning-rate schedule.
     """
 
@@ -146,6 +152,7 @@ class ClientGroup:
     replicas: int = 1
     local_epochs: int = 1
     batch_size: int = 8
+    loss_shards: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
@@ -153,8 +160,14 @@ class ClientGroup:
         where = f" (the {self.dataset!r} client group)"
         if not self.tasks:
             raise ValueError(f"clients[].tasks is empty{where}: list at least one task")
-        for name in ("replicas", "local_epochs", "batch_size"):
+        for name in ("replicas", "local_epochs", "batch_size", "loss_shards"):
             _at_least(f"clients[].{name}", getattr(self, name), 1, where)
+        if self.batch_size % self.loss_shards:
+            raise ValueError(
+                f"clients[].loss_shards ({self.loss_shards}) must divide clients[].batch_size "
+                f"({self.batch_size}){where}: the public run's 2 GPUs are loss_shards 2 with an even "
+                "batch size; 1 normalises over the whole batch"
+            )
         lr, min_lr = self.optimizer.lr, self.optimizer.min_lr
         if min_lr > lr:
             raise ValueError(

@@ -199,3 +199,30 @@ def multi_task_loss(
     out = {t: get_task(t).loss(preds[t], targets[t]) for t in tasks}
     out["total"] = torch.stack([get_task(t).loss_weight * out[t] for t in tasks]).sum()
     return out
+
+
+def sharded_multi_task_loss(
+    preds: Mapping[str, torch.Tensor],
+    targets: Mapping[str, torch.Tensor],
+    tasks: tuple[str, ...],
+    shards: int = 1,
+) -> dict[str, torch.Tensor]:
+    """:func:`multi_task_loss` of each of ``shards`` equal parts of the batch, averaged.
+
+    Data-parallel training on ``shards`` devices computes each device's losses over its own
+    part of the batch (normalised by that part's valid pixels, saliency's class weight from
+    that part's pixels) and averages the gradients, i.e. differentiates this average. One
+    shard is :func:`multi_task_loss` itself.
+    """
+    if shards == 1:
+        return multi_task_loss(preds, targets, tasks)
+    batch = next(iter(preds.values())).shape[0]
+    if batch % shards:
+        raise ValueError(f"a batch of {batch} cannot be split into {shards} equal loss shards")
+    pred_parts = {t: preds[t].tensor_split(shards) for t in tasks}
+    target_parts = {t: targets[t].tensor_split(shards) for t in tasks}
+    parts = [
+        multi_task_loss({t: pred_parts[t][k] for t in tasks}, {t: target_parts[t][k] for t in tasks}, tasks)
+        for k in range(shards)
+    ]
+    return {key: torch.stack([part[key] for part in parts]).mean() for key in parts[0]}

@@ -79,6 +79,13 @@ REFUSED = {
     "clients[].replicas 0": (_group(replicas=0), [], "clients[].replicas", "'nyud' client group"),
     "clients[].local_epochs 0": (_group(local_epochs=0), [], "clients[].local_epochs", "'nyud' client group"),
     "clients[].batch_size 0": (_group(batch_size=0), [], "clients[].batch_size", "'nyud' client group"),
+    "clients[].loss_shards 0": (_group(loss_shards=0), [], "clients[].loss_shards", "'nyud' client group"),
+    "clients[].loss_shards not dividing the batch": (
+        _group(batch_size=8, loss_shards=3),
+        [],
+        "clients[].loss_shards",
+        "must divide clients[].batch_size (8)",
+    ),
     "optimizer.lr -1": (_optimizer(lr=-1.0), [], "clients[].optimizer.lr", "got -1.0"),
     "optimizer.lr 0": (_optimizer(lr=0.0), [], "clients[].optimizer.lr", "got 0.0"),
     "optimizer.lr nan": (_optimizer(lr=float("nan")), [], "clients[].optimizer.lr", "got nan"),

@@ -18,7 +18,7 @@ from torch import nn
 
 from fedmtl.config import EvaluationConfig, ModelConfig, OptimizerConfig
 from fedmtl.models import MultiTaskModel
-from fedmtl.tasks import get_task, multi_task_loss
+from fedmtl.tasks import get_task, sharded_multi_task_loss
 
 # timm warns, for every optimiser it builds, that a one-epoch cosine does not anneal: true
 # and harmless (a one-round run, FedBABU's fine-tuning), and noise in every log.
@@ -36,6 +36,7 @@ class ClientSpec:
     batch_size: int
     train_indices: tuple[int, ...]  # its partition of the dataset's training split
     optimizer: OptimizerConfig = OptimizerConfig()
+    loss_shards: int = 1  # parts of a batch normalised on their own (ClientGroup.loss_shards)
 
     @property
     def single_task(self) -> bool:
@@ -84,8 +85,11 @@ class ClientModule(L.LightningModule):
         return self.model(images)
 
     def training_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int = 0) -> dict[str, torch.Tensor]:
-        """The client's objective: the weighted sum of its task losses (``"total"``)."""
-        return multi_task_loss(self.model(batch["image"]), batch, self.spec.tasks)
+        """The client's objective: the weighted sum of its task losses (``"total"``), averaged
+        over ``spec.loss_shards`` parts of the batch."""
+        return sharded_multi_task_loss(
+            self.model(batch["image"]), batch, self.spec.tasks, self.spec.loss_shards
+        )
 
     def validation_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int = 0) -> None:
         preds = self.model(batch["image"])

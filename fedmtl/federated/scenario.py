@@ -88,6 +88,7 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
             tasks=tasks,
             local_epochs=cfg.clients[g].local_epochs,
             batch_size=cfg.clients[g].batch_size,
+            loss_shards=cfg.clients[g].loss_shards,
             train_indices=tuple(part),
             optimizer=cfg.clients[g].optimizer,
         )

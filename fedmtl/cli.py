@@ -69,6 +69,11 @@ def _check_config_files(argv: list[str]) -> list[str]:
         else:
             continue
         path = Path(value)
+        if path.is_dir():
+            raise ValueError(
+                f"config file {value} is a directory, not a file: --config takes a scenario YAML file "
+                "(`fedmtl configs` lists the bundled ones)"
+            )
         if not path.is_file():
             name = bundled.find(value)
             if name is None:
@@ -79,13 +84,32 @@ def _check_config_files(argv: list[str]) -> list[str]:
             path = Path(bundled.path(name))
         out[i] = f"--config={path}" if arg.startswith("--config=") else str(path)
         try:
-            yaml.safe_load(path.read_text())
+            content = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"config file {path}: YAML syntax error{where}: {problem}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {path} is not a text file: {_CONFIG_SHAPE}") from None
+        except OSError as err:
+            raise ValueError(f"config file {path} cannot be read ({err.strerror or err})") from None
+        if not isinstance(content, dict):
+            # jsonargparse's own words for these ("Unexpected config: - a") name neither the file nor the fix
+            what = "is empty" if content is None else f"holds a YAML {_yaml_kind(content)}, not a config"
+            raise ValueError(f"config file {path} {what}: {_CONFIG_SHAPE}")
     return out
+
+
+#: What a config file looks like, for the errors about one that does not.
+_CONFIG_SHAPE = (
+    "a scenario config is a YAML mapping of fields, e.g. `rounds: 10` and `clients: [{dataset: nyud, "
+    "tasks: [depth]}]` on lines of their own (`fedmtl configs show demo.yaml` prints a whole one)"
+)
+
+
+def _yaml_kind(content: Any) -> str:
+    return "list" if isinstance(content, list) else f"single value ({content!r:.40})"
 
 
 def _add_configs_command(commands: Any) -> None:
@@ -355,12 +379,14 @@ def format_server_values(values: dict[str, float]) -> str:
 def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
     """Whether ``cfg.run_dir`` can take this fit; raises (naming the fix) if it cannot. Returns
     True when the run starts fresh there (config.yaml is to be written)."""
-    from fedmtl.federated import checkpoint, rundir
+    from fedmtl.federated import checkpoint, manifest, rundir
 
     run_dir = Path(cfg.run_dir)
     rundir.check_writable(run_dir)
     if not cfg.resume:
         rundir.check_fresh(run_dir, cfg.overwrite)
+        if cfg.overwrite:  # refuses to replace a file no run wrote (a user's config.yaml)
+            manifest.check_overwrite(run_dir, cfg.rounds, cfg.devices * cfg.num_nodes)
         return True
     folder, _ = checkpoint.resumable(run_dir)  # raises when no checkpoint is usable
     saved = run_dir / "config.yaml"
@@ -371,6 +397,8 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
                 f"run_dir {run_dir} holds a run ({', '.join(held)}) but no checkpoint to resume from; "
                 "nothing was changed. Start a new run with another --run_dir"
             )
+        # The run starts over: never over a file no run wrote (a user's own config.yaml).
+        manifest.check_overwrite(run_dir, cfg.rounds, cfg.devices * cfg.num_nodes, doing="--resume true")
         return True  # nothing was computed yet: the run starts over with this config
     if saved.is_file():
         try:
@@ -390,46 +418,72 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
 
 
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
+    import contextlib
+
     from fedmtl.config import RunConfig
-    from fedmtl.federated import preflight, rundir
+    from fedmtl.federated import integrity, manifest, preflight, rundir, runlock
     from fedmtl.federated.engine import run
     from fedmtl.federated.scenario import count_clients
+    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
 
     cfg_ns = args.clone()
     cfg_ns.pop("config", None)
+    rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
     cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))  # RunConfig's own checks run too
     # Everything is checked before anything is written: the run directory, the machine, the
     # method against the scenario, the data and the model.
     leader = _is_leader()
+    if leader:  # the other ranks run while the leader holds the lock: they never check it
+        runlock.check_free(cfg.run_dir)  # a busy run directory is named at once, not after the checks
     fresh = _check_run_dir(parser, cfg, cfg_ns) if leader else False
     preflight.check_environment(cfg)
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
     preflight.check_scenario(cfg)
+    inputs = integrity.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
+    checked_fresh = fresh
     run_dir = Path(cfg.run_dir)
-    if leader:
-        if cfg.overwrite and not cfg.resume:
-            rundir.clear(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if fresh:
-            (run_dir / "config.yaml").write_text(parser.dump(cfg_ns, skip_none=False))
-        if cfg.logger.wandb:
-            rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
-    summary = run(cfg, config_dict=cfg_ns.as_dict())
-    if summary is not None:  # global rank 0
-        print(format_results(summary))
-        print(f"results: {run_dir / 'results.json'}")
-        if summary.get("server"):
-            print(format_server_values(summary["server"]))
-        for label, names in summary.get("nonfinite", {}).items():
-            print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
+    # One writer per run directory: the leader locks it (creating it), checks it again (another
+    # process may have written there meanwhile), and only then writes; held until the run ends.
+    with runlock.hold(run_dir, "fit") if leader else contextlib.nullcontext():
+        if leader:
+            fresh = _check_run_dir(parser, cfg, cfg_ns)
+            if fresh != checked_fresh:  # another process published or removed a checkpoint meanwhile
+                inputs = integrity.check_inputs(cfg, resume=not fresh)
+            ranks = cfg.devices * cfg.num_nodes
+            if cfg.overwrite and not cfg.resume:
+                note = manifest.clear(run_dir, cfg.rounds, ranks)  # only what the previous run wrote
+                if note:
+                    print(note, file=sys.stderr)
+            manifest.record(run_dir, cfg.rounds, ranks)  # before the run writes any of it
+            if fresh:
+                atomic_write_text(run_dir / "config.yaml", parser.dump(cfg_ns, skip_none=False))
+            integrity.record_inputs(cfg, inputs, fresh, parser)
+            if cfg.logger.wandb:
+                rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
+        summary = run(cfg, config_dict=cfg_ns.as_dict())
+        if summary is not None:  # global rank 0
+            print(format_results(summary))
+            print(f"results: {run_dir / 'results.json'}")
+            if summary.get("server"):
+                print(format_server_values(summary["server"]))
+            for label, names in summary.get("nonfinite", {}).items():
+                print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
 
 
 def _evaluate(args: Namespace, command: str) -> None:
+    import contextlib
+
     from fedmtl.config import RunConfig
+    from fedmtl.federated import manifest, rundir, runlock
     from fedmtl.federated.engine import evaluate_checkpoint
 
+    rundir.check_path(args.run_dir, command)
     run_dir = Path(args.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(
+            f"run_dir {run_dir} is a file, not a directory: --run_dir is the folder `fedmtl fit` wrote"
+        )
     config = run_dir / "config.yaml"
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found: --run_dir must be the folder a `fedmtl fit` run wrote")
@@ -444,9 +498,25 @@ def _evaluate(args: Namespace, command: str) -> None:
         cfg_ns.evaluation.edge_thin_gt = args.evaluation.edge_thin_gt
     cfg_ns.logger.wandb = False
     cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))
-    summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")
-    if summary is not None:  # global rank 0
-        print(format_results(summary))
+    leader = _is_leader()
+    # It writes {command}_results.json (and, with store: disk, the client store): one writer.
+    with runlock.hold(run_dir, command) if leader else contextlib.nullcontext():
+        if leader:
+            from fedmtl.federated import integrity
+
+            integrity.check_inputs(cfg, resume=True, doing=command)  # checkpoint and data are the run's
+            manifest.record(run_dir, cfg.rounds, cfg.devices * cfg.num_nodes)
+        summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")
+        if summary is not None:  # global rank 0
+            print(format_results(summary))
+
+
+def _from_worker(message: str) -> str:
+    """A DataLoader worker's error (a NaN label, a corrupt image) arrives with the worker's
+    traceback in its message; its last line is the error itself."""
+    if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+        return message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,6 +528,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     parser = _parser()
     args = parser.parse_args(argv)
+    import logging
+
+    from fedmtl.federated import stopping
+
+    # A logging handler that cannot write (wandb's debug.log on a full disk) would print
+    # "--- Logging error ---" and a traceback for every record; the error line says it once.
+    logging.raiseExceptions = False
+    # SIGTERM / SIGINT: a run stops at a safe point and says how to continue (stopping.py).
+    with stopping.handling(_is_leader(), farewell=lambda signum: _stopped_line(args, argv, signum)):
+        return _command(args, argv)
+
+
+def _command(args: Namespace, argv: list[str]) -> int:
+    """Run the parsed command: 0, or a non-zero exit after one line saying why."""
+    from fedmtl.federated import stopping
+
     try:
         if args.command == "fit":
             _fit(_run_parser(), args.fit)
@@ -480,11 +566,92 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, KeyError) as err:
         from fedmtl.federated.health import RunStopped
 
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        message = err.args[0] if isinstance(err, KeyError) and err.args else _from_worker(str(err))
         if _is_leader() or not isinstance(err, RunStopped):  # every rank stops; one says why
             print(f"error: {message}", file=sys.stderr)
         return 1
+    except stopping.Stopped as stop:
+        if _is_leader():  # every rank stops at the same point; one says how to continue
+            print(_stopped_line(args, argv, stop.signum, stop), file=sys.stderr)
+        return stop.exit_code
+    except stopping.PeerFailed:
+        return 1  # the rank that failed said why
+    except OSError as err:
+        from fedmtl.federated.store import WRITE_ERRNOS
+
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        print(f"error: {_write_failed_line(args, argv, err)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _continue_with(args: Namespace, argv: list[str]) -> tuple[str, str]:
+    """What a stopped or failed ``fit`` left, and the command that continues it: ``--resume
+    true`` from the latest complete checkpoint, or ``--overwrite true`` when the run has none
+    (a resume refuses a run that logged rounds it cannot restore)."""
+    import contextlib
+    import shlex
+
+    from fedmtl.federated import checkpoint
+
+    run_dir = Path(args.fit.run_dir)
+    folder = checkpoint.latest(run_dir)
+    if folder is None:  # a damaged ``latest``: the complete folder a resume falls back to
+        with contextlib.suppress(ValueError, OSError):
+            folder, _ = checkpoint.resumable(run_dir)
+    kept = []  # argv without --resume / --overwrite (and their values)
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--resume", "--overwrite"):
+            skip = True
+        elif not arg.startswith(("--resume=", "--overwrite=")):
+            kept.append(arg)
+    if not any(a == "--run_dir" or a.startswith("--run_dir=") for a in kept):
+        kept += ["--run_dir", str(run_dir)]
+    if folder is not None:
+        command = shlex.join(["fedmtl", *kept, "--resume", "true"])
+        return f"checkpoint {folder.name} is complete", f"continue with: {command}"
+    started = run_dir.is_dir() and any(run_dir.iterdir())
+    command = shlex.join(["fedmtl", *kept, *(["--overwrite", "true"] if started else [])])
+    return "no checkpoint was written", f"start again with: {command}"
+
+
+def _stopped_line(args: Namespace, argv: list[str], signum: int, stop: Any = None) -> str:
+    """The one line a stopped command prints; ``stop`` None: a second signal, exiting now."""
+    from fedmtl.federated.stopping import signal_name
+
+    name = signal_name(signum)
+    if stop is None:
+        head = f"stopped by {name}, a second signal: exiting now, not at a safe point"
+    elif stop.round is None:
+        head = f"stopped by {name}"
+    elif stop.finished:
+        head = f"stopped by {name} after round {stop.round} of {args.fit.rounds}"
+    else:
+        head = f"stopped by {name} during round {stop.round} of {args.fit.rounds} (not saved)"
+    if args.command != "fit":
+        return head
+    state, action = _continue_with(args, argv)
+    return f"{head}; {state}; {action}"
+
+
+def _write_failed_line(args: Namespace, argv: list[str], err: OSError) -> str:
+    """A write that failed (a full disk, a quota, an I/O error, a read-only disk) as one line:
+    the file, the space, what was kept and how to continue."""
+    import errno
+
+    from fedmtl.federated.store import describe_write_error
+
+    if args.command != "fit":
+        return describe_write_error(err)
+    line = describe_write_error(err, where=Path(args.fit.run_dir))
+    fixes = {errno.ENOSPC: "free space", errno.EDQUOT: "free space (quota)", errno.EROFS: "make it writable"}
+    state, action = _continue_with(args, argv)
+    fix = fixes.get(err.errno, "check the disk")
+    return f"{line}. Nothing partial was kept and {state}: {fix}, then {action}"
 
 
 if __name__ == "__main__":

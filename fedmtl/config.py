@@ -349,6 +349,10 @@ class RunConfig:
         nonfinite: a client update with NaN/inf: drop it (the client keeps its previous state;
             warned and counted in metrics.csv as server/dropped_updates), or stop the run with an
             error.
+        update_norm_limit: a client update that moves a part of its model (the encoder; a task's
+            decoder with its head) by more than this many times the norm that part had at the
+            start of the round is exploding, and nonfinite handles it as a NaN update (the
+            largest in the benchmark's healthy runs was 1.3 times). Above 1; null: no check.
         checkpoint_every: rounds between checkpoints; the last round always has one (0: only the
             last round).
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more
@@ -372,6 +376,7 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     nonfinite: Literal["drop", "stop"] = "drop"
+    update_norm_limit: float | None = 10.0
     checkpoint_every: int = 1
     store: Literal["memory", "disk"] = "memory"
 
@@ -401,3 +406,9 @@ class RunConfig:
         _at_least(
             "checkpoint_every", self.checkpoint_every, 0, " (0: a checkpoint after the last round only)"
         )
+        limit = self.update_norm_limit
+        if limit is not None and not (math.isfinite(limit) and limit > 1):  # not `<= 1`: NaN must fail
+            raise ValueError(
+                f"update_norm_limit must be a number > 1, got {limit!r}: an update larger than this many "
+                "times the parameters it started from is exploding (10 by default; null: no check)"
+            )

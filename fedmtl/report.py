@@ -91,6 +91,7 @@ class Run:
     columns: tuple[Column, ...]
     metrics: Mapping[str, float]  # Column.key -> final value
     config_key: str  # equal for runs whose configs differ only in the seed
+    rounds: int | None = None  # the run's last round (results.json); None: not recorded
 
     @property
     def name(self) -> str:
@@ -170,6 +171,7 @@ def load_run(path: str | Path) -> Run:
         columns=columns,
         metrics=metrics,
         config_key=_config_key(config, results),
+        rounds=results["rounds"] if isinstance(results.get("rounds"), int) else None,
     )
 
 
@@ -214,6 +216,9 @@ def _columns(path: Path, clients: Mapping[str, Any]) -> tuple[Column, ...]:
 
 
 def _final_metrics(path: Path, clients: Mapping[str, Any], columns: Sequence[Column]) -> dict[str, float]:
+    """Every column's final value, a finite number. The engine writes a number, or null for a
+    model that was not finite (an explicit refusal: nothing to report); anything else (a
+    string, NaN, Infinity, true) was not written by fedmtl and is refused, never printed."""
     values = {c.key: clients[c.client]["metrics"][c.task][c.metric] for c in columns}
     missing = [key for key, value in values.items() if value is None]
     if missing:
@@ -221,6 +226,14 @@ def _final_metrics(path: Path, clients: Mapping[str, Any], columns: Sequence[Col
             f"{path / 'results.json'} has null metrics ({', '.join(missing)}): the evaluated model "
             "was not finite or the run was not evaluated, so it has nothing to report"
         )
+    for column in columns:
+        value = values[column.key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(
+                f"run {path}: results.json has {column.key} {column.metric} = {value!r}, not a finite number "
+                "(fedmtl writes a number, or null for a model that was not finite): the file was changed "
+                "after the run wrote it; restore it, or leave the run out"
+            )
     return {key: float(value) for key, value in values.items()}
 
 
@@ -530,28 +543,65 @@ History = Mapping[int, Mapping[str, float]]  # round -> Column.key -> value
 
 
 def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, float]]:
-    """The evaluated model's metrics of every evaluation round, from the run's metrics.csv."""
+    """The evaluated model's metrics of every evaluation round, from the run's metrics.csv.
+
+    The whole file must read, up to the run's last round: a file cut short (a full disk, an
+    interrupted copy) or edited is one error naming the run, the file and the line, never
+    curves drawn from part of it. A value that is not finite is kept as it is (the engine
+    writes ``nan`` for a model that was not finite at that round) and left out of the curves."""
     file = run.path / "metrics.csv"
     if not file.is_file():
         raise ValueError(f"{run.path} has no metrics.csv: no curves to draw for it")
+    fix = "so --curves cannot draw this run; leave the run out, or leave --curves out"
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"run {run.path}: {file} cannot be read ({err}), {fix}") from None
+    if text and not text.endswith("\n"):  # every row the engine writes ends its line
+        last = text.splitlines()[-1]
+        raise ValueError(
+            f"run {run.path}: {file} is truncated: its last line, {last[:60]!r}, is incomplete, {fix}"
+        )
     wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
     history: dict[int, dict[str, float]] = {}
-    with open(file, newline="") as f:
-        for row in csv.DictReader(f):
-            if row["key"] in wanted:
-                history.setdefault(int(row["round"]), {})[wanted[row["key"]]] = float(row["value"])
+    reader = csv.reader(io.StringIO(text))
+    for row in reader:
+        if reader.line_num == 1:
+            if row != ["round", "key", "value"]:
+                raise ValueError(f"run {run.path}: {file} does not start with round,key,value, {fix}")
+            continue
+        try:
+            round_, key, value = int(row[0]), row[1], float(row[2])
+            if len(row) != 3:
+                raise ValueError
+        except (ValueError, IndexError):
+            shown = ",".join(row)[:80]
+            raise ValueError(
+                f"run {run.path}: {file} line {reader.line_num}, {shown!r}, is not round,key,value "
+                f"(a whole round number, a name and a number), {fix}"
+            ) from None
+        if key in wanted:
+            history.setdefault(round_, {})[wanted[key]] = value
+    if run.rounds is not None and set(history.get(run.rounds, {})) != set(wanted.values()):
+        ends = f"its last evaluation is round {max(history)}" if history else "it holds no evaluation"
+        raise ValueError(
+            f"run {run.path}: {file} lacks the metrics of round {run.rounds}, the run's last ({ends}): "
+            f"the file is incomplete, {fix}"
+        )
     return history
 
 
 def metric_series(history: History, key: str) -> tuple[list[int], list[float]]:
-    rounds = sorted(r for r in history if key in history[r])
+    """The rounds with a finite value of ``key``, and the values."""
+    rounds = sorted(r for r in history if key in history[r] and math.isfinite(history[r][key]))
     return rounds, [history[r][key] for r in rounds]
 
 
 def delta_m_series(
     history: History, baseline: History, columns: Sequence[Column]
 ) -> tuple[list[int], list[float]]:
-    """Δm per round where both runs evaluated every column and Δm is defined (no baseline 0)."""
+    """Δm per round where both runs evaluated every column, finite, and Δm is defined (no
+    baseline 0)."""
     from fedmtl.metrics.delta_m import delta_m
 
     keys = {c.key for c in columns}
@@ -559,7 +609,9 @@ def delta_m_series(
     rounds, values = [], []
     for r in sorted(set(history) & set(baseline)):
         mine, base = history[r], baseline[r]
-        if keys <= mine.keys() and keys <= base.keys() and all(base[k] != 0 for k in keys):
+        if not (keys <= mine.keys() and keys <= base.keys()):
+            continue
+        if all(math.isfinite(mine[k]) and math.isfinite(base[k]) and base[k] != 0 for k in keys):
             rounds.append(r)
             values.append(delta_m({k: mine[k] for k in keys}, {k: base[k] for k in keys}, lower))
     return rounds, values

@@ -30,6 +30,8 @@ REFUSED = {
         "0: evaluate after the last",
     ),
     "evaluation.batch_size 0": ({}, ["--evaluation.batch_size", "0"], "evaluation.batch_size", "got 0"),
+    "update_norm_limit 1": ({}, ["--update_norm_limit", "1"], "update_norm_limit", "null: no check"),
+    "update_norm_limit nan": ({"update_norm_limit": float("nan")}, [], "update_norm_limit", "got nan"),
     "checkpoint_every -1": (
         {},
         ["--checkpoint_every", "-1"],
@@ -219,5 +221,6 @@ def test_fit_help_describes_the_fields(capsys):
         "--data.scale_range [ITEM,...] [min, max] of the training augmentation's random rescaling,",
         "--data.cache_mib CACHE_MIB MiB of decoded samples (training and validation, before augmentation)",
         "--model.channels_last {true,false} the channels-last memory layout for weights and inputs:",
+        "--update_norm_limit UPDATE_NORM_LIMIT a client update that moves a part of its model",
     ]:
         assert described in help_text

@@ -14,11 +14,12 @@ What is read, so that 10k images take seconds rather than minutes: the size of e
 and png label from its header (PIL ``Image.open(...).size``); every png's chunks are walked
 and their checksums verified (``Image.verify``, no decoding) and every JPEG is decoded at
 1/8 scale (``draft``), which catches truncated files; ``.mat`` files are loaded whole (the
-loaders need their content); ``.npy`` depth is memory-mapped (header and length).
+loaders need their content); ``.npy`` depth is memory-mapped and every value checked finite
+(a NaN trains with loss nan; png labels decode to finite values).
 
 :func:`check_command` prints the report and raises ``ValueError`` (one ``error:`` line from
-the CLI, exit 1) when anything a loader needs is missing or unreadable, or a label's size is
-not its image's.
+the CLI, exit 1) when anything a loader needs is missing or unreadable, a label's size is
+not its image's, or a depth label holds NaN/inf.
 """
 
 from __future__ import annotations
@@ -135,9 +136,13 @@ def _same_size(path: Path, shape: tuple[int, ...], image: tuple[int, int] | None
 
 
 def _depth_shape(path: Path) -> tuple[int, ...]:
-    shape = np.load(path, mmap_mode="r").shape
+    depth = np.load(path, mmap_mode="r")
+    shape = depth.shape
     if len(shape) < 2:
         raise _Bad(path, f"unreadable (depth of shape {shape}, expected [H, W])")
+    if depth.dtype.kind == "f" and not np.isfinite(depth).all():  # trains with loss nan
+        count = int((~np.isfinite(depth)).sum())
+        raise _Bad(path, f"holds NaN/inf ({count:,} of {depth.size:,} values)")
     return shape
 
 

@@ -209,9 +209,28 @@ class DenseDataset(torch.utils.data.Dataset):
                 f"{str(err).splitlines()[0] if str(err) else ''}); its files: {', '.join(map(str, files))}. "
                 "Replace the corrupt file, or remove the id from the split file"
             ) from err
+        self._check_finite(image_id, sample)
         if self.cache is not None:
             self.cache.put(key, sample)
         return sample
+
+    def _check_finite(self, image_id: str, sample: Sample) -> None:
+        """A NaN/inf in a label (a float ``.npy`` depth map) would train with loss nan: refused,
+        naming the file. A png decodes to finite values; a ``.npy`` need not."""
+        for key, value in sample.items():
+            if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or np.isfinite(value).all():
+                continue
+            files = {
+                what: next((p for p in paths if p.is_file()), paths[0])
+                for what, paths in self._files(image_id)
+            }
+            what = key if key in files else f"{key} label"
+            path = files.get(what) or ", ".join(map(str, files.values()))
+            count = int((~np.isfinite(value)).sum())
+            raise ValueError(
+                f"{self.title} {self.split} {what} of image {image_id!r} holds NaN/inf ({count:,} of "
+                f"{value.size:,} values): {path}. Replace the file, or remove the id from the split file"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(root={str(self.root)!r}, split={self.split!r}, tasks={self.tasks}, n={len(self)})"

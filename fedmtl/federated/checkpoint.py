@@ -2,11 +2,13 @@
 
     RUN_DIR/checkpoints/round_0007/server.pt          round, server (aggregator) state, history
     RUN_DIR/checkpoints/round_0007/client_0003.pt     one client's state (see store.py)
+    RUN_DIR/checkpoints/round_0007/SHA256SUMS         every file's sha256 (integrity.py)
     RUN_DIR/checkpoints/latest                        the name of the newest complete folder
 
 Every rank writes its own clients into ``round_0007.tmp``; rank 0 then writes the server
-file, renames the folder and rewrites ``latest`` (both atomic renames), and removes older
-folders. A crash at any point leaves ``latest`` naming a complete checkpoint.
+file and SHA256SUMS, renames the folder and rewrites ``latest`` (both atomic renames), and
+removes older folders but one. A crash at any point leaves ``latest`` naming a complete
+checkpoint; a file damaged later makes a resume fall back to the folder before it.
 
 Resuming never deletes or skips a checkpoint silently: if ``latest`` is missing or names a
 folder that is gone or incomplete, :func:`resumable` falls back to the newest complete round
@@ -19,7 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fedmtl.federated.store import ClientState, atomic_save, safe_load
+from fedmtl.federated import integrity
+from fedmtl.federated.store import ClientState, atomic_save, safe_load, writing
 
 
 def _root(run_dir: str | Path) -> Path:
@@ -34,22 +37,42 @@ def staging_dir(run_dir: str | Path, round_: int) -> Path:
     return _root(run_dir) / f"{_name(round_)}.tmp"
 
 
+def discard(run_dir: str | Path, round_: int) -> None:
+    """Rank 0, when a rank could not write its part (a full disk): remove the round's staging
+    folder; the latest checkpoint stays as it was."""
+    shutil.rmtree(staging_dir(run_dir, round_), ignore_errors=True)
+
+
+def run_paths(rounds: int | None) -> list[str]:
+    """What this module may write, relative to the run directory, for the run's manifest: each
+    round's folder and staging folder (with everything in them), the latest pointer and its
+    temporary file. ``rounds=None``: any round, as glob patterns (a run without a manifest)."""
+    names = [_name(r) for r in range(1, rounds + 1)] if rounds is not None else ["round_[0-9][0-9][0-9][0-9]"]
+    folders = [f"checkpoints/{name}{suffix}" for name in names for suffix in ("", ".tmp")]
+    return [*folders, "checkpoints/latest", "checkpoints/.latest.tmp"]
+
+
 def write_client(run_dir: str | Path, round_: int, client: int, state: ClientState) -> None:
-    atomic_save(state, staging_dir(run_dir, round_) / f"client_{client:04d}.pt")
+    path = staging_dir(run_dir, round_) / f"client_{client:04d}.pt"
+    atomic_save(state, path)
+    integrity.record(path)  # its sha256, for SHA256SUMS
 
 
-def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 1) -> Path:
-    """Rank 0, after every rank wrote its clients: make round ``round_`` the latest checkpoint."""
+def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 2) -> Path:
+    """Rank 0, after every rank wrote its clients: make round ``round_`` the latest checkpoint.
+    ``keep`` 2: a checkpoint found damaged on resume falls back to the one before it."""
     root = _root(run_dir)
     staging = staging_dir(run_dir, round_)
     atomic_save(server, staging / "server.pt")
+    integrity.seal(staging)  # SHA256SUMS, checked when the folder is read back
     final = root / _name(round_)
     if final.exists():  # a rerun of the same round (resumed run): replace it
         shutil.rmtree(final)
     staging.rename(final)
     tmp = root / ".latest.tmp"
-    tmp.write_text(final.name)
-    tmp.replace(root / "latest")
+    with writing(root / "latest", tmp):  # a full disk here: ``latest`` still names the previous one
+        tmp.write_text(final.name)
+        tmp.replace(root / "latest")
     older = [p for p in round_folders(run_dir) if p.name < final.name]  # never a newer one
     for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
@@ -84,7 +107,16 @@ def latest(run_dir: str | Path) -> Path | None:
 def resumable(run_dir: str | Path) -> tuple[Path | None, str | None]:
     """The checkpoint to resume from and, when it is not the one ``latest`` names, a note
     saying why. ``(None, None)``: the run has no checkpoint at all. Raises ValueError when
-    round folders exist but none is complete (nothing to resume from, nothing to delete)."""
+    round folders exist but none is complete (nothing to resume from, nothing to delete), or
+    none whose files match their checksums (:mod:`fedmtl.federated.integrity`)."""
+    folder, note = _newest_complete(run_dir)
+    if folder is None:
+        return None, note
+    older = [f for f in round_folders(run_dir) if _complete(f) and f.name < folder.name]
+    return integrity.newest_intact(folder, older, note)
+
+
+def _newest_complete(run_dir: str | Path) -> tuple[Path | None, str | None]:
     folder = latest(run_dir)
     if folder is not None:
         return folder, None
@@ -107,11 +139,11 @@ def resumable(run_dir: str | Path) -> tuple[Path | None, str | None]:
 
 
 def load_server(folder: Path) -> dict[str, Any]:
-    return safe_load(folder / "server.pt")
+    return integrity.finite(safe_load(folder / "server.pt"), folder / "server.pt", "the server state")
 
 
 def load_client(folder: Path, client: int) -> ClientState:
     path = folder / f"client_{client:04d}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no state for client {client} ({path.name})")
-    return safe_load(path)
+    return integrity.finite(safe_load(path), path, f"client {client}'s state")

@@ -21,6 +21,7 @@ the number of devices.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -28,6 +29,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +50,13 @@ from fedmtl.aggregation import (
 from fedmtl.config import RunConfig
 from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
-from fedmtl.federated import checkpoint
+from fedmtl.federated import checkpoint, health, stopping
 from fedmtl.federated.client import ClientModule
-from fedmtl.federated.health import RunStopped, all_finite, describe, nonfinite_pools
+from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
-from fedmtl.federated.store import ClientState, ClientStore, to_host
+from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text, to_host
 from fedmtl.federated.training import (
     LOSS_COLUMNS,
     PENALTY_SLOT,
@@ -191,10 +193,11 @@ class Simulation:
 
     def _loader(self, dataset: DenseDataset, batch_size: int, shuffle_seed: int | None) -> DataLoader:
         """A training loader (shuffled with ``shuffle_seed``; the last incomplete batch is
-        dropped, as the public code does) or, with ``shuffle_seed`` None, an evaluation one."""
+        dropped, as the public code does) or, with ``shuffle_seed`` None, an evaluation one.
+        Either stops at the next batch when SIGTERM / SIGINT asks the run to stop (stopping.py)."""
         training = shuffle_seed is not None
         generator = torch.Generator().manual_seed(shuffle_seed) if training else None
-        return DataLoader(
+        loader = DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=training,
@@ -203,6 +206,7 @@ class Simulation:
             num_workers=self.cfg.data.num_workers,
             persistent_workers=False,
         )
+        return stopping.checked(loader)  # type: ignore[return-value] - iterated only
 
     # ------------------------------------------------------------------ one round
 
@@ -238,12 +242,13 @@ class Simulation:
 
     def _train_client(
         self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
-    ) -> tuple[torch.Tensor, int]:
+    ) -> tuple[torch.Tensor, int, float]:
         """Local training of client ``i`` (the method's ``local_update``): writes its rows of
-        parameters before training and of deltas; returns its mean losses [LOSS_COLUMNS] and
-        the :func:`~fedmtl.federated.health.nonfinite_pools` mask of what it trained. A client
-        that sits the round out, or whose update is not finite, writes zero deltas and keeps
-        the state it started the round with."""
+        parameters before training and of deltas; returns its mean losses [LOSS_COLUMNS], the
+        :mod:`~fedmtl.federated.health` mask of what diverged (NaN/inf, or an exploding update:
+        beyond ``update_norm_limit``) and the largest growth of its parts. A client that sits
+        the round out, or whose update diverged, writes zero deltas and keeps the state it
+        started the round with."""
         spec = self.specs[i]
         module, state = self._materialise(i)
         decoders = [module.model.decoders[t] for t in spec.tasks]
@@ -256,7 +261,9 @@ class Simulation:
             rows[f"head{g}_prev"][r] = self.head_layouts[g].flatten(module.model.heads[task])
             rows[f"head{g}_delta"][r] = 0
         if not takes_part:
-            return torch.zeros(LOSS_COLUMNS, dtype=torch.float64), 0
+            return torch.zeros(LOSS_COLUMNS, dtype=torch.float64), 0, 0.0
+        limit = self.cfg.update_norm_limit
+        heads_before = [self._head_vector(module, t) for t in spec.tasks] if limit is not None else []
         # The memory store hands out the stored state itself, which training changes in place.
         kept = to_host(state) if self.store.kind == "memory" else None
         losses = self.method.local_update(self._context(i, module, state))
@@ -265,7 +272,7 @@ class Simulation:
         if bad:
             if kept is not None:
                 self.store.put(i, kept)  # a disk store still holds the round-start file
-            return losses, bad
+            return losses, bad, 0.0
         rows["enc_delta"][enc_row] = self.enc_layout.flatten(module.model.encoder)
         rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
@@ -273,49 +280,106 @@ class Simulation:
         for task, g, r in heads:
             rows[f"head{g}_delta"][r] = self.head_layouts[g].flatten(module.model.heads[task])
             rows[f"head{g}_delta"][r] -= rows[f"head{g}_prev"][r]
+        if limit is not None:
+            # The encoder, then each task's decoder with its head, against where it started.
+            heads_after = [self._head_vector(module, t) for t in spec.tasks]
+            dec_prev, dec_delta = rows["dec_prev"][dec_rows], rows["dec_delta"][dec_rows]
+            growths = [health.growth([rows["enc_prev"][enc_row]], [rows["enc_delta"][enc_row]])] + [
+                health.growth([dec_prev[k], before], [dec_delta[k], after - before])
+                for k, (before, after) in enumerate(zip(heads_before, heads_after, strict=True))
+            ]
+            exploding = health.exploding_parts(growths, limit)
+            if exploding:  # as a NaN update: no delta, and the state it started the round with
+                rows["enc_delta"][enc_row] = 0
+                rows["dec_delta"][dec_rows] = 0
+                for _, g, r in heads:
+                    rows[f"head{g}_delta"][r] = 0
+                if kept is not None:
+                    self.store.put(i, kept)  # a disk store still holds the round-start file
+                return losses, exploding, max(growths)
         self.store.put(i, state)
-        return losses, 0
+        return losses, 0, 0.0
+
+    @staticmethod
+    def _head_vector(module: ClientModule, task: str) -> torch.Tensor:
+        """A task head's parameters as one flat copy (heads are small)."""
+        return torch.cat([p.detach().flatten().float() for p in module.model.heads[task].parameters()])
 
     def _train_round(
         self, participants: list[int] | None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and non-finite
-        masks [N] (zero for other ranks' clients)."""
+        """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and divergence
+        [N, 2]: each client's health mask and largest growth (zero for other ranks' clients)."""
         rows = self._round_buffers()
         losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
-        bad = torch.zeros(len(self.specs), dtype=torch.float64)
+        bad = torch.zeros(len(self.specs), 2, dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
         dec_start = 0
         bar = tqdm(self.mine, desc=f"round {self.round} clients", leave=False, disable=not self._bars)
         for enc_row, i in enumerate(bar):
             n_tasks = len(self.specs[i].tasks)
             dec_rows = slice(dec_start, dec_start + n_tasks)
-            losses[i], mask = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
-            bad[i] = mask
+            losses[i], mask, grown = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
+            bad[i] = torch.tensor([mask, grown], dtype=torch.float64)
             dec_start += n_tasks
         return rows, losses, bad
 
     def _drop_nonfinite(self, bad: torch.Tensor, participants: list[int] | None) -> list[int]:
-        """Apply the ``nonfinite`` policy to the clients whose update is not finite (``bad``:
-        every client's mask, the same on every rank); returns the dropped clients."""
-        dropped = [i for i in range(len(self.specs)) if int(bad[i])]
+        """Apply the ``nonfinite`` policy to the clients whose update diverged: not finite, or
+        exploding (``bad``: every client's health mask and growth, the same on every rank);
+        returns the dropped clients. Raising here ends the round before its checkpoint: no
+        checkpoint is ever written from a round with a diverged update in it."""
+        dropped = [i for i in range(len(self.specs)) if int(bad[i, 0])]
         if not dropped:
             return []
-        what = "; ".join(f"{self.specs[i].name} ({describe(int(bad[i]))})" for i in dropped)
+        groups = health.client_groups(self.cfg.clients)
+
+        def why(i: int) -> str:
+            what = health.describe_update(int(bad[i, 0]), float(bad[i, 1]), self.specs[i].tasks)
+            return f"{self.specs[i].name} ({what})"
+
+        def group(g: int) -> str:
+            return f"clients[{g}] ({self.cfg.clients[g].dataset}, lr {self.cfg.clients[g].optimizer.lr!r})"
+
+        exploded = sum(health.exploding(int(bad[i, 0])) for i in dropped)
+        which = (exploded > 0) + (exploded == len(dropped))  # none, some or all of them exploding
+        kind = ["not finite (NaN/inf)", "divergent (NaN/inf or exploding)", "exploding"][which]
+        update = [
+            "non-finite update (NaN/inf)",
+            "diverged update (NaN/inf or exploding)",
+            "exploding update",
+        ][which]
+        growth = (
+            f"; exploding: a part of the model (the encoder, a task's decoder and head) grew more than "
+            f"update_norm_limit = {self.cfg.update_norm_limit} times its norm at the start of the round"
+            if exploded
+            else ""
+        )
         trained = len(self.specs) if participants is None else len(participants)
         if self.cfg.nonfinite == "stop" or len(dropped) == trained:
-            reason = "every client's" if len(dropped) == trained else "a client's"
+            every = len(dropped) == trained
+            named = sorted({groups[i] for i in dropped})
+            what = "; ".join(
+                f"{group(g)}: {', '.join(why(i) for i in dropped if groups[i] == g)}" for g in named
+            )
+            latest = checkpoint.latest(self.run_dir)
+            kept = f"the last checkpoint, {latest.name}, is kept" if latest else "no checkpoint was written"
             raise RunStopped(
-                f"round {self.round}: {reason} update is not finite (NaN/inf): {what}. The run stops "
-                f"(nonfinite: {self.cfg.nonfinite}); the last checkpoint is kept. Lower the learning "
-                "rate of that client group (clients[].optimizer.lr)"
-                + ("" if self.cfg.nonfinite == "drop" else ", or set nonfinite: drop to skip such updates")
+                f"round {self.round}: {'every' if every else 'a'} client's update is {kind}: {what}{growth}. "
+                f"The run stops (nonfinite: {self.cfg.nonfinite}) without saving round {self.round}; {kept}. "
+                f"Lower the learning rate of {'these client groups' if len(named) > 1 else 'that client group'} "
+                "(clients[].optimizer.lr)"
+                + (
+                    ""
+                    if self.cfg.nonfinite == "drop" or every
+                    else ", or set nonfinite: drop to skip such updates"
+                )
             )
         if self.fabric.global_rank == 0:
+            what = "; ".join(f"{why(i)} in {group(groups[i])}" for i in dropped)
             print(
-                f"warning: round {self.round}: dropped the non-finite update (NaN/inf) of {what}; "
-                "the client keeps its state from before the round (nonfinite: drop; counted in "
-                "metrics.csv as server/dropped_updates)",
+                f"warning: round {self.round}: dropped the {update} of {what}; the client keeps its state "
+                f"from before the round (nonfinite: drop; counted in metrics.csv as server/dropped_updates){growth}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -418,6 +482,46 @@ class Simulation:
     def _sum_over_ranks(self, table: torch.Tensor) -> torch.Tensor:
         return self.fabric.all_reduce(table, reduce_op="sum") if self.world > 1 else table
 
+    def _agree(self, failure: OSError | None = None, stop: bool = True, finished: bool = False) -> None:
+        """Every rank meets here. A write that failed on some rank (``failure``: this rank's)
+        ends every rank's run: the lowest failing rank re-raises its error (the CLI prints it),
+        the others stop silently. With ``stop``, a SIGTERM / SIGINT received by any rank stops
+        them all (:class:`~fedmtl.federated.stopping.Stopped`; ``finished``: the round is done)."""
+        signum = stopping.requested() if stop else 0
+        failed = self.fabric.global_rank if failure is not None else self.world  # world: none
+        round_ = getattr(self, "round", None)
+        if self.world > 1:  # one collective: a rank that stopped alone would hang the others
+            flags = torch.tensor([signum, self.world - failed], device=self.fabric.device)
+            flags = self.fabric.all_reduce(flags, reduce_op="max").tolist()
+            signum, failed = int(flags[0]), self.world - int(flags[1])
+        if (signum or failed < self.world) and self.fabric.global_rank == 0:
+            stopping.expect_children_exit()
+        if failed < self.world:
+            if failed == self.fabric.global_rank:
+                raise failure  # type: ignore[misc]
+            raise stopping.PeerFailed(f"rank {failed} failed")
+        if signum:
+            raise stopping.Stopped(signum, round_, finished)
+
+    @contextlib.contextmanager
+    def _phase(self, stop: bool = True, undo: Callable[[], None] | None = None) -> Iterator[None]:
+        """A part of a round that may end early (a stop request, a write that fails): every
+        rank leaves it before the next collective, then they agree (:meth:`_agree`); if they
+        stop, rank 0 runs ``undo`` (removes what the part wrote)."""
+        failure = None
+        try:
+            yield
+        except stopping.Abandoned:
+            stop = True
+        except OSError as err:  # a full disk, or any file error one rank alone would stop on
+            failure = err
+        try:
+            self._agree(failure, stop)
+        except BaseException:
+            if undo is not None and self.fabric.global_rank == 0:
+                undo()
+            raise
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, dict[str, dict[str, float]]]:
         """Task metrics of every client on its dataset's full validation split, for each model
@@ -428,24 +532,26 @@ class Simulation:
             len(self.labels), len(self.specs), len(TASK_SLOTS), dtype=torch.float64, device=device
         )
         present = torch.zeros(len(self.labels), dtype=torch.float64, device=device)
-        for i in self.mine:
-            if i not in self._val_data:
-                self._val_data[i] = self._dataset(i, "val")
-            state = self.store.get(i)
-            module = self._module(i)
-            for label, model_state in self.method.evaluated_models(state).items():
-                present[self.labels.index(label)] += 1
-                if not all_finite(model_state.values()):  # NaN metrics, not numbers from NaN logits
-                    table[self.labels.index(label), i] = math.nan
-                    continue
-                module.model.load_state_dict(model_state)
-                module.eval()
-                loader = self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)
-                for batch in self.trainer.batches(loader):
-                    with self.fabric.autocast():
-                        module.validation_step(batch)
-                for task, value in module.compute_metrics().items():
-                    table[self.labels.index(label), i, TASK_SLOTS[task]] = value
+        # On a stop request the ranks still meet in the sums below, then stop together (_agree).
+        with contextlib.suppress(stopping.Abandoned):
+            for i in self.mine:
+                if i not in self._val_data:
+                    self._val_data[i] = self._dataset(i, "val")
+                state = self.store.get(i)
+                module = self._module(i)
+                for label, model_state in self.method.evaluated_models(state).items():
+                    present[self.labels.index(label)] += 1
+                    if not all_finite(model_state.values()):  # NaN metrics, not numbers from NaN logits
+                        table[self.labels.index(label), i] = math.nan
+                        continue
+                    module.model.load_state_dict(model_state)
+                    module.eval()
+                    loader = self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)
+                    for batch in self.trainer.batches(loader):
+                        with self.fabric.autocast():
+                            module.validation_step(batch)
+                    for task, value in module.compute_metrics().items():
+                        table[self.labels.index(label), i, TASK_SLOTS[task]] = value
         table = self._sum_over_ranks(table).cpu()
         present = self._sum_over_ranks(present).cpu()
         return {
@@ -497,17 +603,20 @@ class Simulation:
         return int(server["round"])
 
     def _checkpoint(self) -> None:
-        for i in self.mine:
-            checkpoint.write_client(self.run_dir, self.round, i, self.store.get(i))
-        self.fabric.barrier()
-        if self.fabric.global_rank == 0:
-            server = {
-                "round": self.round,
-                "aggregator": self.method.state_dict(),
-                "history": self.history,
-            }
-            checkpoint.publish(self.run_dir, self.round, server)
-        self.fabric.barrier()
+        """Each rank writes its clients, then rank 0 publishes. A write that fails (a full disk)
+        on any rank ends the run on every rank; the staging folder goes, the last checkpoint stays."""
+        discard = functools.partial(checkpoint.discard, self.run_dir, self.round)
+        with self._phase(stop=False, undo=discard):  # also the barrier before publishing
+            for i in self.mine:
+                checkpoint.write_client(self.run_dir, self.round, i, self.store.get(i))
+        with self._phase(stop=False, undo=discard):
+            if self.fabric.global_rank == 0:
+                server = {
+                    "round": self.round,
+                    "aggregator": self.method.state_dict(),
+                    "history": self.history,
+                }
+                checkpoint.publish(self.run_dir, self.round, server)
 
     def _round(self) -> tuple[dict[str, float], dict[str, dict[str, dict[str, float]]] | None]:
         """One round on this rank: train, exchange, aggregate, maybe evaluate. Returns the
@@ -515,13 +624,14 @@ class Simulation:
         timings: dict[str, float] = {}
         participants = self.method.participants(self.round)
         start = time.perf_counter()
-        rows, loss_table, bad = self._train_round(participants)
+        with self._phase():  # a stop request or a failed write ends the round here, on every rank
+            rows, loss_table, bad = self._train_round(participants)
         timings["train"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        table = torch.cat([loss_table, bad[:, None]], dim=1).to(self.fabric.device)
+        table = torch.cat([loss_table, bad], dim=1).to(self.fabric.device)
         table = self._sum_over_ranks(table).cpu()
-        loss_table, bad = table[:, :-1], table[:, -1]
+        loss_table, bad = table[:, :-2], table[:, -2:]
         dropped = self._drop_nonfinite(bad, participants)
         # A dropped client is a non-participant of the server step: its rows hold its
         # round-start parameters and zero deltas (RoundInput.participants).
@@ -535,12 +645,14 @@ class Simulation:
         output = self.method.aggregate(inputs)
         output.check_against(inputs)
         self._check_output(output)
-        self._write_back(output, skip=dropped)
+        with self._phase(stop=False):  # a stop request waits for the round's end (or evaluation)
+            self._write_back(output, skip=dropped)
         timings["aggregate"] = time.perf_counter() - start
         del rows, inputs, output
         if self.round == self.cfg.rounds:
             start = time.perf_counter()
-            self._finish_clients()
+            with self._phase():
+                self._finish_clients()
             timings["finish"] = time.perf_counter() - start
 
         values: dict[str, float] = {}
@@ -560,6 +672,7 @@ class Simulation:
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
             start = time.perf_counter()
             results = self.evaluate()
+            self._agree()  # a stop requested during the evaluation: its numbers are not logged
             timings["eval"] = time.perf_counter() - start
             for label, table in results.items():
                 prefix = "val" if label == self.labels[0] else f"val_{label}"
@@ -574,29 +687,41 @@ class Simulation:
         """Rounds from the first not yet done to ``cfg.rounds``; writes results.json."""
         cfg = self.cfg
         self.setup_layouts()
-        first = self._start()
+        with self._phase(stop=False):  # a disk store that cannot be written stops every rank
+            first = self._start()
         is_zero = self.fabric.global_rank == 0
         if first > cfg.rounds and self.history:  # a finished run: nothing to train or rewrite
             if is_zero:
                 print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
             self.store.clear()
-            return self.summary(self.history[-1]["metrics"], cfg.rounds)
-        for logger in self.fabric.loggers:
-            if isinstance(logger, CSVScalarLogger) and is_zero:
-                logger.truncate_after(first - 1)  # a resumed run redoes the rounds after its checkpoint
+            summary = self.summary(self.history[-1]["metrics"], cfg.rounds)
+            if is_zero and not (self.run_dir / "results.json").is_file():  # its write failed (a full disk)
+                atomic_write_text(self.run_dir / "results.json", json.dumps(summary, indent=2))
+            return summary
+        with self._phase(stop=False):  # a full disk on rank 0 stops every rank
+            for logger in self.fabric.loggers:
+                if isinstance(logger, CSVScalarLogger) and is_zero:
+                    logger.truncate_after(first - 1)  # a resumed run redoes the rounds after its checkpoint
         try:
             return self._rounds(first)
-        except BaseException:
-            self._close_loggers("failed")  # a crash or Ctrl-C still closes the wandb run
+        except stopping.Stopped as stop:
+            self._close_loggers("stopped", exit_code=stop.exit_code)  # wandb keeps what was logged
+            self.store.clear()  # the checkpoint holds what a resume needs
+            raise
+        except BaseException as err:
+            self._close_loggers("failed")  # a crash still closes the wandb run
+            if isinstance(err, OSError | stopping.PeerFailed):
+                self.store.clear()  # on a full disk, room: a resume reads the checkpoint, not the store
             raise
 
-    def _close_loggers(self, status: str) -> None:
+    def _close_loggers(self, status: str, exit_code: int | None = None) -> None:
         for logger in self.fabric.loggers:
             logger.finalize(status)
             wandb = self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger"
             # A failed run never starts a wandb run just to end it.
             if wandb and (status == "success" or logger._experiment is not None):
-                logger.experiment.finish(exit_code=0 if status == "success" else 1)
+                code = exit_code if exit_code is not None else 0 if status == "success" else 1
+                logger.experiment.finish(exit_code=code)
 
     def _rounds(self, first: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -612,14 +737,17 @@ class Simulation:
             values, results = self._round()
             if results is not None:
                 self.history.append({"round": self.round, "metrics": results})
-            self.fabric.log_dict(values, step=self.round)
-            if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
-                log_heatmaps(self.fabric.loggers, self.method.log_matrices(), self.round)
+            with self._phase(stop=False):  # metrics.csv on a full disk stops every rank
+                self.fabric.log_dict(values, step=self.round)
+                if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
+                    log_heatmaps(self.fabric.loggers, self.method.log_matrices(), self.round)
             if is_zero and not self._bars:
                 print(progress_line(self.round, cfg.rounds, values), file=sys.stderr, flush=True)
             every = cfg.checkpoint_every
             if self.round == cfg.rounds or (every > 0 and self.round % every == 0):
                 self._checkpoint()
+            if self.round < cfg.rounds:
+                self._agree(finished=True)  # the safe point: SIGTERM / SIGINT stop the run here
         return self._finish(self.history[-1]["metrics"] if self.history else {})
 
     def summary(self, results: dict[str, dict[str, dict[str, float]]], rounds: int) -> dict[str, Any]:
@@ -679,10 +807,7 @@ class Simulation:
     def _finish(self, results: dict[str, dict[str, float]]) -> dict[str, Any]:
         summary = self.summary(results, self.cfg.rounds)
         if self.fabric.global_rank == 0:
-            path = self.run_dir / "results.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(summary, indent=2))
-            tmp.replace(path)
+            atomic_write_text(self.run_dir / "results.json", json.dumps(summary, indent=2))
         self._close_loggers("success")  # flushes the offline wandb run before the process exits
         self.store.clear()  # the final checkpoint holds every client's state
         return summary
@@ -737,14 +862,25 @@ def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, 
     Returns the results summary on global rank 0 and None on the other ranks."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
-    fabric.seed_everything(cfg.seed, verbose=False)
-    summary = Simulation(fabric, cfg).fit()
+    with stopping.deferred():  # SIGTERM / SIGINT stop the run at a safe point (stopping.py)
+        fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
+        stopping.watch_children(fabric)
+        fabric.seed_everything(cfg.seed, verbose=False)
+        summary = Simulation(fabric, cfg).fit()
     return summary if fabric.global_rank == 0 else None
 
 
 def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str, Any] | None:
     """Evaluate every client of a run's latest checkpoint on its validation split."""
+    from fedmtl.federated.preflight import check_environment
+
+    check_environment(cfg)  # --accelerator gpu without a GPU: one line, not Lightning's traceback
+    if output is not None and not os.access(output.parent, os.W_OK | os.X_OK):
+        # Said before the evaluation, not as a traceback after it (a read-only copy of a run)
+        raise ValueError(
+            f"run_dir {output.parent} is read-only for this process, and `fedmtl {output.name.split('_')[0]}` "
+            f"writes {output.name} there: copy the run to a writable folder and pass that as --run_dir"
+        )
     folder, note = checkpoint.resumable(cfg.run_dir)
     if note:
         print(f"validate: {note}", file=sys.stderr)
@@ -760,5 +896,5 @@ def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str,
     if fabric.global_rank != 0:
         return None
     if output is not None:
-        output.write_text(json.dumps(summary, indent=2))
+        atomic_write_text(output, json.dumps(summary, indent=2))
     return summary

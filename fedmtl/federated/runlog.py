@@ -8,6 +8,7 @@ offline by default (no account, no network); ``logger.mode: online`` syncs live.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import sys
 from argparse import Namespace
@@ -19,6 +20,7 @@ from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from fedmtl.config import LoggerConfig
+from fedmtl.federated.store import writing
 
 
 class CSVScalarLogger(Logger):
@@ -38,13 +40,29 @@ class CSVScalarLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Append the rows whole: a write that fails (a full disk) leaves the file as it was."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
-        with open(self.path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if new:
-                writer.writerow(["round", "key", "value"])
-            writer.writerows([step, key, float(value)] for key, value in metrics.items())
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        if new:
+            writer.writerow(["round", "key", "value"])
+        writer.writerows([step, key, float(value)] for key, value in metrics.items())
+        data = memoryview(text.getvalue().encode())
+        with writing(self.path, needed=len(data)):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            size = os.fstat(fd).st_size
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except BaseException:
+                if new:
+                    os.unlink(self.path)
+                else:
+                    os.ftruncate(fd, size)  # frees space: never fails for lack of it
+                raise
+            finally:
+                os.close(fd)
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
@@ -57,10 +75,13 @@ class CSVScalarLogger(Logger):
         with open(self.path, newline="") as f:
             rows = list(csv.reader(f))
         kept = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= round_]
+        if len(kept) == len(rows):
+            return  # nothing to drop: no write (a resume on a full disk gets as far as it can)
         tmp = self.path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(kept)
-        os.replace(tmp, self.path)
+        with writing(self.path, tmp, needed=self.path.stat().st_size):
+            with open(tmp, "w", newline="") as f:
+                csv.writer(f).writerows(kept)
+            os.replace(tmp, self.path)
 
 
 def heatmap_image(rows: list[str], columns: list[str], values: np.ndarray, title: str) -> np.ndarray:
@@ -121,10 +142,29 @@ def _has_wandb_account() -> bool:
         return False
 
 
+def _wandb_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the wandb server cannot be reached (None when it answers). Without this probe, an
+    online run with a key but no network trained its first round and then died in
+    ``wandb.init`` with a traceback, after about 90 s of retries."""
+    import requests  # wandb's own dependency; it honours HTTPS_PROXY as wandb does
+
+    try:
+        from wandb.sdk.lib.urls import DEFAULT_BASE_URL
+    except ImportError:  # another wandb version
+        DEFAULT_BASE_URL = "https://api.wandb.ai"
+    url = os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
+    try:
+        requests.head(url, timeout=timeout)  # any answer, even an error status, is a server
+    except requests.RequestException as err:
+        return f"{url} cannot be reached ({type(err).__name__})"
+    return None
+
+
 def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> list[Logger]:
-    """metrics.csv, and wandb unless switched off. ``mode: online`` without a wandb account
-    logs offline instead (one warning line; ``wandb sync RUN_DIR/wandb/offline-run-*`` later).
-    Every resume of a run logs to the same wandb run (its id is in ``RUN_DIR/wandb_run_id``)."""
+    """metrics.csv, and wandb unless switched off. ``mode: online`` without a wandb account,
+    or with one but no connection to the wandb server, logs offline instead (one warning
+    line; ``wandb sync RUN_DIR/wandb/offline-run-*`` later). Every resume of a run logs to
+    the same wandb run (its id is in ``RUN_DIR/wandb_run_id``)."""
     loggers: list[Logger] = [CSVScalarLogger(run_dir / "metrics.csv")]
     if cfg.wandb and cfg.mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
@@ -139,6 +179,13 @@ def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> 
                     f"logging offline to {run_dir / 'wandb'}; sync it later with `wandb sync`",
                     file=sys.stderr,
                 )
+        elif not offline and rank_zero_only.rank == 0 and (problem := _wandb_unreachable()):
+            offline = True  # the other ranks never start a wandb run
+            print(
+                f"warning: logger.mode online but the wandb server {problem}: logging offline to "
+                f"{run_dir / 'wandb'}; sync it later with `wandb sync`",
+                file=sys.stderr,
+            )
         id_file = run_dir / "wandb_run_id"
         logger = WandbLogger(
             project=cfg.project,

@@ -136,6 +136,12 @@ def create_encoder(
         kwargs.setdefault("always_partition", True)
     if pretrained_file is not None:
         path = Path(pretrained_file).expanduser()
+        if path.is_dir():
+            raise ValueError(
+                f"model.pretrained_file {str(path)!r} is a directory, not a weights file: pass the path of "
+                f"the file itself (a state dict of {timm_name!r} saved with torch.save, or an mmsegmentation "
+                "Swin checkpoint)"
+            )
         if not path.is_file():
             raise FileNotFoundError(
                 f"pretrained weights file {str(path)!r} does not exist. Weights cannot be downloaded at "

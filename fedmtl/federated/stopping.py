@@ -1,0 +1,185 @@
+"""SIGTERM and SIGINT: a run stops at a safe point, says how to resume, and exits 128 + n.
+
+SLURM and Kubernetes end a job with SIGTERM (then SIGKILL after a grace period); Ctrl-C sends
+SIGINT to every process of the terminal's group. Outside a training loop a signal stops the
+command at once, as Ctrl-C always did, by raising :class:`Stopped`. Inside one
+(:func:`deferred`) it only records the request: the loop's data loaders (:func:`checked`)
+raise :class:`Abandoned` at the next batch, and the engine's ranks agree at the end of each
+phase of a round whether any of them was asked to stop. So a checkpoint is never cut short
+(it is written whole, or the round is not saved), every rank stops at the same point (a rank
+that stopped alone would leave the others waiting in a collective), and the loggers are
+closed on the way out. A second signal to the process the user started exits at once.
+
+The process Fabric launched the other local ranks from passes its signal on to them (a
+``kill PID`` reaches that process only), and once a stop is agreed it tells Lightning's
+child-process observer that the children's non-zero exit is expected: the observer would
+otherwise SIGKILL the launcher before it says how to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: The signals that stop a run at a safe point.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A run stopped on a signal; the CLI prints how to resume and exits ``exit_code``.
+    Derived from BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it.
+
+    Args:
+        signum: the signal.
+        round: the round in progress or just finished (None: training had not started).
+        finished: whether that round finished (its checkpoint, if it has one, is complete).
+    """
+
+    def __init__(self, signum: int, round: int | None = None, finished: bool = False) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+        self.round = round
+        self.finished = finished
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class Abandoned(BaseException):
+    """Leave the current phase of a round now (a stop was requested); the engine catches it
+    where the ranks agree to stop, never later."""
+
+
+class PeerFailed(Exception):
+    """Another rank failed (and said why); this rank stops with it, silently."""
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass
+class _State:
+    leader: bool = True  # the process the user started: it prints, and a second signal ends it
+    pid: int = 0  # the process that installed the handlers (DataLoader workers inherit them)
+    deferring: int = 0  # depth of deferred() blocks
+    requested: int = 0  # the first signal received (0: none)
+    children: list[int] = field(default_factory=list)  # local ranks this process launched
+    farewell: Callable[[int], str] | None = None  # the line for a second signal
+
+
+_state = _State()
+
+
+def requested() -> int:
+    """The signal a stop was requested with (0: none)."""
+    return _state.requested
+
+
+def _handle(signum: int, frame: Any) -> None:
+    if os.getpid() != _state.pid:
+        return  # a DataLoader worker (forked): the training process ends it
+    if not _state.deferring:
+        raise Stopped(signum)
+    if _state.requested:
+        if _state.leader:  # a second signal: out now, not at a safe point
+            with contextlib.suppress(Exception):  # nothing may keep the process from ending
+                if _state.farewell is not None:
+                    print(_state.farewell(signum), file=sys.stderr, flush=True)
+            for pid in _state.children:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            os._exit(128 + signum)
+        # Another rank: the first signal already asked it to stop (Ctrl-C reaches it both from
+        # the terminal and from the launcher).
+        return
+    _state.requested = signum
+    for pid in _state.children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+
+@contextlib.contextmanager
+def handling(leader: bool, farewell: Callable[[int], str] | None = None) -> Iterator[None]:
+    """SIGTERM and SIGINT handled as this module says while the block runs (one CLI command);
+    the previous handlers come back after it. ``farewell(signum)``: the line a second signal
+    prints before the process exits at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (an embedding program keeps its own)
+        return
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    _state.leader, _state.farewell, _state.requested, _state.pid = leader, farewell, 0, os.getpid()
+    for s in SIGNALS:
+        signal.signal(s, _handle)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _state.farewell, _state.requested, _state.children = None, 0, []
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A signal received in this block only requests a stop (:func:`requested`)."""
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+
+
+def check() -> None:
+    """Raise :class:`Abandoned` when a stop was requested in a :func:`deferred` block."""
+    if _state.requested and _state.deferring:
+        raise Abandoned
+
+
+def checked(batches: Iterable[T]) -> Iterable[T]:
+    """``batches`` (a DataLoader) that checks for a stop request before each batch."""
+    return _Checked(batches)
+
+
+class _Checked:
+    def __init__(self, batches: Iterable[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:
+            check()
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
+def watch_children(fabric: Any) -> None:
+    """Pass this process's signals on to the local ranks its Fabric launched (if any), and
+    forward a stop requested before they existed."""
+    launcher = getattr(fabric.strategy, "launcher", None)
+    _state.children = [p.pid for p in getattr(launcher, "procs", [])]
+    if _state.requested:
+        for pid in _state.children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, _state.requested)
+
+
+def expect_children_exit() -> None:
+    """The ranks agreed to stop: the children will exit non-zero on purpose. Lightning's
+    observer thread SIGKILLs the launcher when a child does; end its watch (its loop stops
+    when its check returns True)."""
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_ChildProcessObserver":
+            thread._run = lambda: True  # type: ignore[attr-defined]

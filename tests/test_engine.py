@@ -104,6 +104,15 @@ def test_validate_rescores_edges_against_the_ground_truth_it_is_asked_for(tmp_pa
     assert unthinned[name]["metrics"]["edge"] != thinned[name]["metrics"]["edge"]
 
 
+def test_validate_refuses_an_edge_switch_that_is_not_true_or_false(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["validate", "--run_dir", str(tmp_path), "--evaluation.edge_thin_gt", "maybe"])
+    assert done.value.code != 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "edge_thin_gt" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [

@@ -709,13 +709,27 @@ for _name, _what, _write, _file in [
 
 
 def _corrupt_client(command: str) -> Callable[[Sweep, Path], Plan]:
+    """Issue #26: a checkpoint file that no longer matches its SHA256SUMS is named, and the
+    command falls back to the checkpoint before it; a resume then republishes the round and
+    keeps the damaged folder as round_NNNN.superseded, byte for byte."""
+
     def prepare(sweep: Sweep, tmp: Path) -> Plan:
         run = sweep.copy_run(tmp)
-        path = run / "checkpoints" / f"round_{BASE_ROUNDS:04d}" / "client_0000.pt"
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        checkpoints = run / "checkpoints"
+        path = checkpoints / f"round_{BASE_ROUNDS:04d}" / "client_0000.pt"
+        damaged = path.read_bytes()[: path.stat().st_size // 2]
+        path.write_bytes(damaged)
+        previous = checkpoints / f"round_{BASE_ROUNDS - 1:04d}"  # the fallback must stay as it is
         if command == "validate":
-            return Plan(["validate", "--run_dir", str(run)], protect=[run])
-        return Plan(fit(sweep.base_config, run, "--resume", "true"), protect=[run])
+            return Plan(["validate", "--run_dir", str(run)], protect=[checkpoints])
+
+        def damaged_kept() -> str | None:
+            kept = checkpoints / f"round_{BASE_ROUNDS:04d}.superseded" / "client_0000.pt"
+            if not kept.is_file() or kept.read_bytes() != damaged:
+                return f"the damaged file is not kept as {kept.relative_to(run)}"
+            return None
+
+        return Plan(fit(sweep.base_config, run, "--resume", "true"), protect=[previous], check=damaged_kept)
 
     return prepare
 
@@ -724,7 +738,12 @@ for _command, _what in [("resume", "`fit --resume true`"), ("validate", "`valida
     case(
         f"corrupt_checkpoint_{_command}",
         f"{_what} with checkpoints/round_{BASE_ROUNDS:04d}/client_0000.pt truncated to half",
-        names=(("client_0000.pt",),),
+        expect="warn",
+        warning=(
+            r"checkpoint round_\d+ skipped",
+            r"does not match the sha256",
+            r"falling back to round_",
+        ),
         needs_run=True,
     )(_corrupt_client(_command))
 

@@ -97,6 +97,7 @@ def test_a_damaged_checkpoint_file_is_named_and_validate_and_resume_fall_back(fi
     """Before: the 64 bytes loaded as NaN and the run resumed with exit 0 and other results."""
     damaged = _client_file(run_dir)
     _flip(damaged)
+    damaged_bytes = damaged.read_bytes()
     skipped = (
         f"checkpoint round_0002 skipped: {damaged} does not match the sha256 recorded in SHA256SUMS when it "
         "was written (it changed on disk); falling back to round_0001, the newest intact checkpoint"
@@ -115,6 +116,10 @@ def test_a_damaged_checkpoint_file_is_named_and_validate_and_resume_fall_back(fi
     # Round 2 was trained again from round 1: the results are the uninterrupted run's.
     assert read_results(run_dir)["clients"] == read_results(finished[1])["clients"]
     assert verify(damaged.parent) is None  # republished whole
+    # The damaged folder is kept aside, byte for byte, never deleted; no older checkpoint is lost.
+    kept = damaged.parent.with_name("round_0002.superseded") / damaged.name
+    assert kept.read_bytes() == damaged_bytes
+    assert (run_dir / "checkpoints" / "round_0001" / "server.pt").is_file()
 
 
 @pytest.mark.parametrize("command", ["resume", "validate"])

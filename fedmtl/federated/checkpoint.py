@@ -8,7 +8,9 @@
 Every rank writes its own clients into ``round_0007.tmp``; rank 0 then writes the server
 file and SHA256SUMS, renames the folder and rewrites ``latest`` (both atomic renames), and
 removes older folders but one. A crash at any point leaves ``latest`` naming a complete
-checkpoint; a file damaged later makes a resume fall back to the folder before it.
+checkpoint; a file damaged later makes a resume fall back to the folder before it, and the
+damaged folder is kept as ``round_0007.superseded`` when the resumed run republishes its round
+(:func:`set_aside`).
 
 Resuming never deletes or skips a checkpoint silently: if ``latest`` is missing or names a
 folder that is gone or incomplete, :func:`resumable` falls back to the newest complete round
@@ -17,12 +19,16 @@ folder and says so; if round folders exist but none is complete, it refuses.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from fedmtl.federated import integrity
 from fedmtl.federated.store import ClientState, atomic_save, safe_load, writing
+
+_ROUND = re.compile(r"round_\d{4,}")  # a round folder's name (not .tmp, not .superseded)
+SUPERSEDED = ".superseded"  # suffix of a complete folder a rerun of its round replaced
 
 
 def _root(run_dir: str | Path) -> Path:
@@ -48,7 +54,7 @@ def run_paths(rounds: int | None) -> list[str]:
     round's folder and staging folder (with everything in them), the latest pointer and its
     temporary file. ``rounds=None``: any round, as glob patterns (a run without a manifest)."""
     names = [_name(r) for r in range(1, rounds + 1)] if rounds is not None else ["round_[0-9][0-9][0-9][0-9]"]
-    folders = [f"checkpoints/{name}{suffix}" for name in names for suffix in ("", ".tmp")]
+    folders = [f"checkpoints/{name}{suffix}" for name in names for suffix in ("", ".tmp", f"{SUPERSEDED}*")]
     return [*folders, "checkpoints/latest", "checkpoints/.latest.tmp"]
 
 
@@ -66,8 +72,8 @@ def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int 
     atomic_save(server, staging / "server.pt")
     integrity.seal(staging)  # SHA256SUMS, checked when the folder is read back
     final = root / _name(round_)
-    if final.exists():  # a rerun of the same round (resumed run): replace it
-        shutil.rmtree(final)
+    if final.exists():  # a rerun of the same round: the resume skipped this folder
+        set_aside(final)
     staging.rename(final)
     tmp = root / ".latest.tmp"
     with writing(root / "latest", tmp):  # a full disk here: ``latest`` still names the previous one
@@ -79,6 +85,22 @@ def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int 
     return final
 
 
+def set_aside(folder: Path) -> None:
+    """Make room for a rerun of ``folder``'s round. A complete folder (one a resume skipped as
+    damaged, or that ``latest`` never named) is kept as ``round_NNNN.superseded`` (numbered if
+    that exists), never deleted: it is evidence, and a user may still want it; an incomplete
+    one (no server.pt: a publish cut short) is removed, as it always was."""
+    if not _complete(folder):
+        shutil.rmtree(folder)
+        return
+    target = folder.with_name(f"{folder.name}{SUPERSEDED}")
+    k = 1
+    while target.exists():
+        k += 1
+        target = folder.with_name(f"{folder.name}{SUPERSEDED}-{k}")
+    folder.rename(target)
+
+
 def _complete(folder: Path) -> bool:
     return folder.is_dir() and (folder / "server.pt").is_file()
 
@@ -86,7 +108,7 @@ def _complete(folder: Path) -> bool:
 def round_folders(run_dir: str | Path) -> list[Path]:
     """Every published-looking round folder (complete or not), oldest first."""
     root = _root(run_dir)
-    return sorted(p for p in root.glob("round_*") if p.is_dir() and p.suffix != ".tmp")
+    return sorted(p for p in root.glob("round_*") if p.is_dir() and _ROUND.fullmatch(p.name))
 
 
 def latest(run_dir: str | Path) -> Path | None:

@@ -397,6 +397,22 @@ def test_the_round_line_carries_losses_metrics_and_timings():
     )
 
 
+def test_the_round_line_summarises_replicas_above_eight_clients():
+    """At 1000 clients a line per client would be unreadable: each group of replicas (names
+    that differ only in the replica number) is one entry, ×n mean [min, max]."""
+    values = {f"train/pascal_context-semseg-{i}/loss": 1.0 + i for i in range(6)}
+    values |= {f"train/nyud-semseg+depth-{i}/loss": 10.0 * (i + 1) for i in range(3)}
+    values |= {f"val/nyud-semseg+depth-{i}/depth_RMSE": 0.5 + i for i in range(3)}
+    values["time/train"] = 4.0
+    line = progress_line(1, 2, values)
+    assert line == (
+        "round 1/2 | loss: pascal_context-semseg ×6 3.5 [1, 6], nyud-semseg+depth ×3 20 [10, 30] | "
+        "val: nyud-semseg+depth/depth_RMSE ×3 1.5 [0.5, 2.5] | time: train 4.0s"
+    )
+    few = {k: v for k, v in values.items() if "-semseg-" not in k}  # 3 clients: each named
+    assert "nyud-semseg+depth-2 30" in progress_line(1, 2, few)
+
+
 def test_config_changes_ignore_where_the_run_executes():
     saved = {"rounds": 2, "devices": 1, "evaluation": {"every": 4}, "clients": [{"dataset": "nyud"}]}
     now = {"rounds": 2, "devices": 2, "evaluation": {"every": 1}, "clients": [{"dataset": "nyud"}]}

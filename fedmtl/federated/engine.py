@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -813,26 +814,48 @@ class Simulation:
         return summary
 
 
+#: Up to this many clients the round line names each one; above, it summarises each group of
+#: replicas (the clients whose names differ only in the replica number) as mean [min, max].
+PER_CLIENT_UP_TO = 8
+
+
 def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
     """One line per round for logs without a terminal (CI, nohup): each client's training
-    loss, the metrics of the evaluated model when it was evaluated, and the timings."""
+    loss, the metrics of the evaluated model when it was evaluated, and the timings; with more
+    than :data:`PER_CLIENT_UP_TO` clients, per group of replicas instead, so the line stays
+    readable at a thousand clients."""
     parts = [f"round {round_}/{rounds}"]
-    losses = [
-        f"{k.split('/')[1]} {v:.4g}"
-        for k, v in values.items()
-        if k.startswith("train/") and k.endswith("/loss")
-    ]
+    losses = {k.split("/")[1]: v for k, v in values.items() if k.startswith("train/") and k.endswith("/loss")}
+    summarise = len(losses) > PER_CLIENT_UP_TO
     if losses:
-        parts.append("loss: " + ", ".join(losses))
-    metrics = [f"{k[4:]} {v:.4g}" for k, v in values.items() if k.startswith("val/")]
+        parts.append("loss: " + _listed({(c, ""): v for c, v in losses.items()}, summarise))
+    metrics = {tuple(k[4:].split("/", 1)): v for k, v in values.items() if k.startswith("val/")}
     if metrics:
-        parts.append("val: " + ", ".join(metrics))
+        parts.append("val: " + _listed(metrics, summarise))
     if values.get("server/dropped_updates"):
         parts.append(f"dropped updates: {int(values['server/dropped_updates'])}")
     parts.append(
         "time: " + ", ".join(f"{k[5:]} {v:.1f}s" for k, v in values.items() if k.startswith("time/"))
     )
     return " | ".join(parts)
+
+
+def _listed(values: dict[tuple[str, str], float], summarise: bool) -> str:
+    """``{(client, metric): value}`` as "client/metric v, ...", or per group of replicas as
+    "group/metric ×n mean [min, max]" (``metric`` "" for a client's loss)."""
+
+    def label(client: str, metric: str) -> str:
+        return f"{client}/{metric}" if metric else client
+
+    if not summarise:
+        return ", ".join(f"{label(c, m)} {v:.4g}" for (c, m), v in values.items())
+    groups: dict[tuple[str, str], list[float]] = {}
+    for (client, metric), value in values.items():
+        groups.setdefault((re.sub(r"-\d+$", "", client), metric), []).append(value)
+    return ", ".join(
+        f"{label(g, m)} ×{len(v)} {sum(v) / len(v):.4g} [{min(v):.4g}, {max(v):.4g}]"
+        for (g, m), v in groups.items()
+    )
 
 
 def _limit_threads(fabric: L.Fabric, cfg: RunConfig) -> None:

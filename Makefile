@@ -23,17 +23,15 @@ demo: install
 
 # The method benchmark (README, "The benchmark"): every method x 3 seeds on generated data in
 # the shape of scenario 1 (BENCHMARK=scenario2 for the other), one CPU thread per run, 2 runs at
-# a time, then the Δm report in runs/benchmark/$(BENCHMARK)/. Restartable: finished runs are kept.
+# a time, then the Δm report in runs/benchmark/$(BENCHMARK)/ and benchmarks/results/. Restartable:
+# finished runs are kept.
 BENCHMARK ?= scenario1
 benchmark: install
 	$(PY) benchmarks/compare_methods.py --config configs/benchmark/$(BENCHMARK).yaml \
 		--seeds 0 1 2 --jobs 2 --out runs/benchmark/$(BENCHMARK)
 
 # One pytest worker per core (at most 4), each taking whole test files, so a module's shared runs
-# are computed once. Here (2 cores) 244 s for 1143 tests against 403 s with one worker (an
-# earlier session); 287 s for 1167 tests with two workers (d399256; 418 s for 1154 another day;
-# 445 s for 1181 at 6172bca, 453 s for 1182 at 7d518d6, 397 s for 1184 at 8340931, 439 s for 1185
-# at 097a1b2, 430 s for 1186 at e2dacf5).
+# are computed once.
 test: install
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 

@@ -9,7 +9,8 @@ finished and is not run again; an interrupted one resumes (``--resume true``), s
 can be stopped and restarted. A finished run whose config.yaml differs from what this command
 would run (in what the run computes: ``fedmtl fit``'s resume rule) stops the command before
 anything runs: its results would otherwise enter the report under the new config. Nothing
-outside ``OUT`` is written except the config's generated data, made once before the runs start.
+outside ``OUT`` is written except the config's generated data, made once before the runs start,
+and this script's own results file (below).
 
 At the end it writes, in ``OUT``:
 
@@ -19,7 +20,10 @@ At the end it writes, in ``OUT``:
   ``fedmtl.trivial.LEARNT_MARGIN`` (5 %) better;
 * ``timing.json``: the wall time of the whole command and of each run;
 
-and prints the report and the wall time.
+then records the report, the learnt table and the runs' timings in
+``benchmarks/results/benchmark_<config name>.md`` with the command, commit, date and machine
+(``benchmarks/results_file.py``; the README points there), and prints the report and the wall
+time.
 """
 
 from __future__ import annotations
@@ -171,10 +175,42 @@ def main(argv: list[str] | None = None) -> int:
     lower = {TASKS.get(t).metric_name for t in TASKS if TASKS.get(t).lower_is_better}
     learnt = learnt_table(args.out / "report.csv", trivial, lower)
     (args.out / "learnt.md").write_text(learnt + "\n")
+    trained = {run: s for run, s in seconds.items() if s > 0}
+    timing = (
+        f"wall time: {wall / 60:.1f} min for {len(jobs)} runs, {args.jobs} at a time"
+        if len(trained) == len(jobs)
+        else f"wall time: {wall / 60:.1f} min; {len(trained)} of the {len(jobs)} runs trained in this "
+        f"invocation, {len(jobs) - len(trained)} finished by an earlier one and reused (not timed here)"
+    )
+    record = _results_file().write(
+        f"benchmark_{args.config.stem}",
+        f"Method benchmark on {args.config.name}",
+        "\n".join(
+            [
+                f"{timing}; runs in {args.out}",
+                *(f"- {run}: {s:.0f} s" for run, s in sorted(trained.items())),
+                "",
+                (args.out / "report.md").read_text().strip(),
+                "",
+                "Learnt (✓: at least 5 % better than the trivial predictor):",
+                "",
+                learnt.strip(),
+            ]
+        ),
+    )
     print((args.out / "report.md").read_text())
     print(learnt)
-    print(f"wall time: {wall / 60:.1f} min for {len(jobs)} runs, {args.jobs} at a time")
+    print(timing)
+    print(f"recorded in {record}")
     return 0
+
+
+def _results_file():
+    # benchmarks/ is a folder of scripts, not a package: its shared recorder is imported by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import results_file
+
+    return results_file
 
 
 if __name__ == "__main__":

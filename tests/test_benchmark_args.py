@@ -1,4 +1,4 @@
-"""benchmarks/learnability.py, edge_ceiling.py, optimizer.py and client_speed.py refuse bad options with one
+"""benchmarks/learnability.py, edge_ceiling.py, optimizer.py, client_speed.py and edge_rescore.py refuse bad options with one
 ``error:`` line naming the option, exit 2, before they generate or train anything; learnability.py's
 --train_size trains on crops and scores whole images."""
 
@@ -48,6 +48,7 @@ def _script(name: str):
         ("optimizer", ["--size", "-32"], "--size must be at least 1"),
         ("client_speed", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
         ("client_speed", ["--local_epochs", "-1"], "--local_epochs must be at least 1"),
+        ("edge_rescore", ["--out", "nowhere"], "--out nowhere: no finished run"),
     ],
 )
 def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):
@@ -86,3 +87,27 @@ def test_learnability_trains_on_crops_and_scores_whole_images(tmp_path, monkeypa
     assert "32x32 (training crops 16x16)" in out
     row = next(line for line in out.splitlines() if line.startswith("| sal |"))
     assert row.split("|")[4].strip() == "1"  # 8 images, batch 8: one step
+
+
+def test_a_results_file_names_the_command_commit_date_and_machine(tmp_path, monkeypatch):
+    """benchmarks/results/NAME.md starts with what produced its figures, then the figures."""
+    results_file = _script("results_file")
+    monkeypatch.setattr(results_file, "RESULTS", tmp_path)
+    monkeypatch.setattr(results_file, "commit", lambda: "abc1234 + uncommitted changes")
+    path = results_file.write("demo", "A title", "| a | b |\n", argv=["benchmarks/x.py", "--out", "my dir"])
+    assert path == tmp_path / "demo.md"
+    lines = path.read_text().splitlines()
+    assert lines[:3] == ["# A title", "", "- command: `python benchmarks/x.py --out 'my dir'`"]
+    assert lines[3] == "- commit: abc1234 + uncommitted changes"
+    assert lines[4].startswith("- date: 20") and lines[4].endswith(" UTC")
+    assert lines[5].startswith("- machine: ") and " cores, " in lines[5]
+    assert lines[-1] == "| a | b |"
+
+
+def test_the_recorded_commit_is_this_checkout_s_head():
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert _script("results_file").commit().split()[0] == head.stdout.strip()

@@ -14,7 +14,8 @@
 
    The runs are taken in turns (for each repeat, every method once), so a machine that gets
    busier slows all methods alike. From each run's metrics.csv: the mean per round of
-   ``time/train``, ``time/exchange`` and ``time/aggregate`` (their sum is the round time), and
+   ``time/train``, ``time/exchange``, ``time/aggregate`` and ``time/write_back`` (their sum is
+   the round time), and
    ``time/finish``, the one-off work after the last round (FedBABU's fine-tuning), shown in
    seconds and in FedAvg rounds, and as the overhead it adds to a run of the demo's and of the
    paper's 100 rounds. Evaluation (always after the last round) is excluded. Printed: the

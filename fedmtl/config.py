@@ -292,15 +292,21 @@ class EvaluationConfig:
         edge_thin_gt: edge odsF matches against the thinned ground-truth boundary, as the
             authors' SEISM evaluation does (true); false: against the boundary map as the data
             gives it, fedmtl's scoring before issue #25 (lower where boundaries are 2 px wide).
+        clients: how many clients the evaluations before the last one cover: a sample drawn
+            once with the run's seed, so curves follow the same clients (null: every client).
+            The last round's evaluation, which results.json reports, covers every client.
     """
 
     every: int = 4
     batch_size: int = 8
     edge_thin_gt: bool = True
+    clients: int | None = None
 
     def __post_init__(self) -> None:
         _at_least("evaluation.every", self.every, 0, " (0: evaluate after the last round only)")
         _at_least("evaluation.batch_size", self.batch_size, 1)
+        if self.clients is not None:
+            _at_least("evaluation.clients", self.clients, 1, " (or null: every client)")
 
 
 @dataclass
@@ -318,6 +324,9 @@ class LoggerConfig:
     mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "fedmtl"
     name: str | None = None
+
+
+AGGREGATIONS = ("auto", "stacked", "streamed")
 
 
 @dataclass
@@ -357,6 +366,12 @@ class RunConfig:
             last round).
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more
             clients than fit in memory.
+        aggregation: how the server step takes the encoders. stacked: every client's encoder
+            before and after training as [N, P] stacks on every process; streamed: one row file
+            per client, read a block of columns at a time, so memory does not grow with N × P
+            (methods that support it: FedAvg and its family without a cluster scope, Local,
+            FedHCA²); auto: streamed when the method supports it and the stacks would pass 1 GiB.
+            Both give the same parameters up to float rounding (1e-6 relative).
     """
 
     clients: list[ClientGroup]
@@ -379,6 +394,7 @@ class RunConfig:
     update_norm_limit: float | None = 10.0
     checkpoint_every: int = 1
     store: Literal["memory", "disk"] = "memory"
+    aggregation: Literal["auto", "stacked", "streamed"] = "auto"
 
     @classmethod
     def from_namespace(cls, namespace: Any) -> RunConfig:
@@ -406,6 +422,15 @@ class RunConfig:
         _at_least(
             "checkpoint_every", self.checkpoint_every, 0, " (0: a checkpoint after the last round only)"
         )
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
+            )
+        if self.aggregation == "streamed" and not self.algorithm.streams:
+            raise ValueError(
+                f"aggregation streamed: {type(self.algorithm).__name__} with these options does not stream "
+                "its server step (its math needs every encoder row at once); use aggregation stacked or auto"
+            )
         limit = self.update_norm_limit
         if limit is not None and not (math.isfinite(limit) and limit > 1):  # not `<= 1`: NaN must fail
             raise ValueError(

@@ -411,6 +411,8 @@ def test_the_round_line_summarises_replicas_above_eight_clients():
     )
     few = {k: v for k, v in values.items() if "-semseg-" not in k}  # 3 clients: each named
     assert "nyud-semseg+depth-2 30" in progress_line(1, 2, few)
+    sampled = progress_line(1, 2, {**values, "server/participants": 4.0})
+    assert sampled.startswith("round 1/2 | participants 4 | loss: ")
 
 
 def test_config_changes_ignore_where_the_run_executes():

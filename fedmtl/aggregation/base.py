@@ -22,6 +22,7 @@ from typing import Any
 from torch import Tensor
 
 from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.aggregation.stream import EncoderMix
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ class RoundInput:
     round: int  # 1-based
     clients: list[ClientInfo]  # N
     encoder_layout: FlatLayout
-    encoders_prev: Tensor  # [N, P]
-    encoder_deltas: Tensor  # [N, P]
+    encoders_prev: Tensor | None  # [N, P]; None in a streamed round
+    encoder_deltas: Tensor | None  # [N, P]; None in a streamed round
     decoder_layout: FlatLayout
     decoder_owners: list[tuple[int, str]]  # K (client index, task); see decoder_owners_of
     decoders_prev: Tensor  # [K, Q]
@@ -148,14 +149,17 @@ class RoundInput:
                 raise ValueError(
                     f"participants {list(self.participants)} name a client outside 0..{self.num_clients - 1}"
                 )
-        _check_pair(
-            "encoders",
-            self.encoders_prev,
-            self.encoder_deltas,
-            self.num_clients,
-            "N clients",
-            self.encoder_layout,
-        )
+        if (self.encoders_prev is None) != (self.encoder_deltas is None):
+            raise ValueError("encoders_prev and encoder_deltas are both stacks, or both None (streamed)")
+        if self.encoders_prev is not None:
+            _check_pair(
+                "encoders",
+                self.encoders_prev,
+                self.encoder_deltas,
+                self.num_clients,
+                "N clients",
+                self.encoder_layout,
+            )
         _check_pair(
             "decoders",
             self.decoders_prev,
@@ -238,19 +242,30 @@ class RoundOutput:
     """The new parameters θ^(r) of every client encoder [N, P] and every decoder [K, Q].
 
     Rows follow the :class:`RoundInput`'s clients and decoder owners. ``heads``: one stack
-    per input head group, or None (heads stay as the clients trained them).
+    per input head group, or None (heads stay as the clients trained them). A streamed round
+    returns the encoders as an :class:`~fedmtl.aggregation.stream.EncoderMix`.
     """
 
-    encoders: Tensor  # [N, P]
+    encoders: Tensor | EncoderMix  # [N, P]
     decoders: Tensor  # [K, Q]
     heads: list[Tensor] | None = None
 
     def check_against(self, inputs: RoundInput) -> None:
         """Raise ValueError unless shapes, dtypes and devices match ``inputs``."""
-        pairs = [
-            ("encoders", self.encoders, inputs.encoders_prev),
-            ("decoders", self.decoders, inputs.decoders_prev),
-        ]
+        pairs = [("decoders", self.decoders, inputs.decoders_prev)]
+        if inputs.encoders_prev is None:  # a streamed round
+            mix = self.encoders
+            if not (
+                isinstance(mix, EncoderMix)
+                and len(mix.trained) == inputs.num_clients
+                and mix.vectors.shape[1] == inputs.encoder_layout.numel
+            ):
+                raise ValueError(
+                    "a streamed round's output encoders must be an EncoderMix of one row per client "
+                    f"({inputs.num_clients}) and {inputs.encoder_layout.numel} columns"
+                )
+        else:
+            pairs.insert(0, ("encoders", self.encoders, inputs.encoders_prev))
         if self.heads is not None:
             if len(self.heads) != len(inputs.heads):
                 raise ValueError(

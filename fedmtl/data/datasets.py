@@ -16,6 +16,7 @@ sample's index in its split), so runs reproduce whatever the number of loader wo
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,19 +104,29 @@ class DenseDataset(torch.utils.data.Dataset):
             raise self.missing(f"{self.title} {split} split file", split_file)
         split_ids = read_split(split_file)
         self._check_files(split_ids)
-        if indices is None:
-            positions = list(range(len(split_ids)))
-        else:
-            positions = [int(i) for i in indices]
-            bad = [i for i in positions if not 0 <= i < len(split_ids)]
-            if bad:
-                raise IndexError(
-                    f"indices {bad[:5]} out of range for the {len(split_ids)} {split} images of {self.name}"
-                )
+        self._split_ids = split_ids
         self._prepare()
-        positions = self._select(split_ids, positions)
+        self._use(range(len(split_ids)) if indices is None else indices)
+
+    def _use(self, indices: Sequence[int]) -> None:
+        positions = [int(i) for i in indices]
+        bad = [i for i in positions if not 0 <= i < len(self._split_ids)]
+        if bad:
+            raise IndexError(
+                f"indices {bad[:5]} out of range for the {len(self._split_ids)} {self.split} images of {self.name}"
+            )
+        positions = self._select(self._split_ids, positions)
         self.split_indices = positions  # index in the split file, of every sample
-        self.ids = [split_ids[i] for i in positions]
+        self.ids = [self._split_ids[i] for i in positions]
+
+    def subset(self, indices: Sequence[int], seed: int) -> DenseDataset:
+        """This dataset on the split positions ``indices`` with augmentation seed ``seed``: what
+        building it with those arguments gives, without reading the split and checking every
+        file of it again (a thousand clients of one dataset share that work)."""
+        out = copy.copy(self)
+        out.seed, out.epoch = seed, 0
+        out._use(indices)
+        return out
 
     # --- subclass hooks
 

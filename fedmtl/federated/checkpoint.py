@@ -19,6 +19,7 @@ folder and says so; if round folders exist but none is complete, it refuses.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -62,6 +63,24 @@ def write_client(run_dir: str | Path, round_: int, client: int, state: ClientSta
     path = staging_dir(run_dir, round_) / f"client_{client:04d}.pt"
     atomic_save(state, path)
     integrity.record(path)  # its sha256, for SHA256SUMS
+
+
+def link_client(run_dir: str | Path, round_: int, client: int, stored: Path) -> None:
+    """The client's checkpoint file as a hard link to its disk-store file, which holds the
+    same bytes ``write_client`` would write: no copy of a thousand states. The store only ever
+    replaces its files (a new file renamed over the name), so the link keeps this round's
+    bytes. A file system without hard links gets a copy. Synced before it is recorded."""
+    path = staging_dir(run_dir, round_) / f"client_{client:04d}.pt"
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a rerun of a staging folder
+        try:
+            os.link(stored, path)
+        except OSError:
+            shutil.copyfile(stored, path)
+        with open(path, "rb") as f:  # the store writes without fsync; a checkpoint is durable
+            os.fsync(f.fileno())
+    integrity.record(path)
 
 
 def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 2) -> Path:

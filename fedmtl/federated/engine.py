@@ -2,15 +2,17 @@
 
 Every rank runs the same loop on its share of the clients (balanced by expected work):
 
-1. train: each of the rank's clients is materialised from the client store into a model of
-   its architecture on the device, trains its local epochs, and goes back to the store;
-2. exchange: the flat encoder / decoder parameters (and heads, for a method that shares
-   them) before and after training are all-gathered, so every rank holds every client's
-   update;
-3. aggregate: every rank runs the (deterministic) aggregator on the same inputs, so server
-   state stays identical everywhere without a broadcast; each rank writes the new
-   parameters of its own clients into their stored state;
-4. evaluate (every few rounds and at the end) and log; checkpoint.
+1. train: each of the rank's clients is materialised from the client store (or drawn, the
+   first time) into a model of its architecture on the device, trains its local epochs, and
+   goes back to the store;
+2. exchange: the flat decoder parameters (and heads, for a method that shares them) before
+   and after training are all-gathered, so every rank holds every client's update; so are the
+   encoders in a stacked round, while a streamed round (``aggregation``) leaves each client's
+   encoder row in a file of the run directory (``rows.py``);
+3. aggregate: every rank runs the (deterministic) server step on the same inputs, so server
+   state stays identical everywhere without a broadcast;
+4. write back: each rank writes the new parameters of its own clients into their stored state;
+5. evaluate (every few rounds and at the end, all clients or a sample) and log; checkpoint.
 
 Client modules are never wrapped in DistributedDataParallel: a client trains on one rank
 only. Fabric provides the processes, the device, autocast and the collectives. Nothing
@@ -26,7 +28,9 @@ import functools
 import json
 import math
 import os
+import random
 import re
+import shutil
 import sys
 import time
 import warnings
@@ -48,10 +52,12 @@ from fedmtl.aggregation import (
     decoder_owners_of,
     head_groups_of,
 )
+from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.config import RunConfig
 from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
 from fedmtl.federated import checkpoint, health, stopping
+from fedmtl.federated import rows as row_files
 from fedmtl.federated.client import ClientModule
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
@@ -65,7 +71,7 @@ from fedmtl.federated.training import (
     TOTAL_SLOT,
     LocalTrainer,
 )
-from fedmtl.methods.base import ClientContext, derive_seed, new_track
+from fedmtl.methods.base import ClientContext, Method, derive_seed, new_track
 from fedmtl.models import reinitialise
 from fedmtl.tasks import get_task
 
@@ -89,13 +95,19 @@ class Simulation:
         self.total_epochs = {i: cfg.rounds * s.local_epochs for i, s in enumerate(self.specs)}
         self.store = ClientStore(cfg.store, self.run_dir / "store" / f"rank_{fabric.global_rank}")
         self._modules: dict[tuple[str, tuple[str, ...]], ClientModule] = {}
+        # Per architecture: a host model and its state as first drawn (_initial_state).
+        self._templates: dict[tuple[str, tuple[str, ...]], tuple[ClientModule, dict[str, torch.Tensor]]] = {}
+        self.rows_dir = self.run_dir / "store" / row_files.FOLDER
+        self.streamed = False  # set by setup_layouts, which knows the encoder's size
         # This rank's decoded samples, kept across epochs and rounds (data.cache_mib; 0: none).
         self._samples = SampleCache(cfg.data.cache_mib * MIB) if cfg.data.cache_mib > 0 else None
+        # One dataset per (dataset, tasks, split), read and checked once; clients take subsets.
+        self._datasets: dict[tuple[str, tuple[str, ...], str], DenseDataset] = {}
         self._train_data = {i: self._dataset(i, "train") for i in self.mine}
         self._val_data: dict[int, DenseDataset] = {}
+        counts = self._num_samples()
         self.clients = [
-            ClientInfo(s.name, s.dataset, s.tasks, num_samples=self._num_samples(i))
-            for i, s in enumerate(self.specs)
+            ClientInfo(s.name, s.dataset, s.tasks, num_samples=counts[i]) for i, s in enumerate(self.specs)
         ]
         self.owners = decoder_owners_of(self.clients)
         # Row of each client's first decoder in the round's decoder stack (owners are by client).
@@ -122,26 +134,32 @@ class Simulation:
         return (int(size[0]), int(size[1]))
 
     def _dataset(self, i: int, split: str) -> DenseDataset:
+        """Client ``i``'s part of ``split``: its training indices and augmentation seed on the
+        training split, the whole split for validation."""
         spec = self.specs[i]
-        return build_dataset(
-            spec.dataset,
-            self.cfg.data.resolved_root(),
-            split,
-            tasks=spec.tasks,
-            train_size=self._img_size(i),
-            indices=spec.train_indices if split == "train" else None,
-            seed=derive_seed(self.cfg.seed, "augment", i),
-            scale_range=self.cfg.data.scale_range,
-            cache=self._samples,
-            human_parts_selection=self.cfg.data.human_parts_selection,
-        )
+        key = (spec.dataset, spec.tasks, split)
+        if key not in self._datasets:
+            self._datasets[key] = build_dataset(
+                spec.dataset,
+                self.cfg.data.resolved_root(),
+                split,
+                tasks=spec.tasks,
+                train_size=self._img_size(i),
+                indices=[] if split == "train" else None,
+                scale_range=self.cfg.data.scale_range,
+                cache=self._samples,
+                human_parts_selection=self.cfg.data.human_parts_selection,
+            )
+        if split != "train":  # evaluation reads no seed and keeps no state: shared
+            return self._datasets[key]
+        return self._datasets[key].subset(spec.train_indices, seed=derive_seed(self.cfg.seed, "augment", i))
 
-    def _num_samples(self, i: int) -> int:
+    def _num_samples(self) -> list[int]:
         """Training samples of every client (known to every rank: the server weighs by them)."""
-        local = torch.tensor(
-            [len(self._train_data[i]) if i in self._train_data else 0], device=self.fabric.device
-        )
-        return int(self._sum_over_ranks(local).item())
+        local = torch.zeros(len(self.specs), dtype=torch.long, device=self.fabric.device)
+        for i, data in self._train_data.items():
+            local[i] = len(data)
+        return [int(n) for n in self._sum_over_ranks(local).tolist()]
 
     def _module(self, i: int) -> ClientModule:
         """The device-resident model of client ``i``'s architecture (shared by same-shaped clients)."""
@@ -160,17 +178,30 @@ class Simulation:
     def _initial_state(self, i: int) -> ClientState:
         # Every client starts from the same encoder, as from a shared pretrained backbone; its
         # decoders and heads are its own random draw, as the public code builds each client's
-        # model on its own. Seeds by client index make the start independent of the rank.
-        torch.manual_seed(derive_seed(self.cfg.seed, "init"))
-        module = ClientModule(self.specs[i], self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
+        # model on its own. Seeds by client index make the start independent of the rank. The
+        # host template is built once per architecture, its decoders and heads redrawn per client.
+        spec = self.specs[i]
+        key = (spec.dataset, spec.tasks)
+        if key not in self._templates:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.cfg.seed, "init"))
+                module = ClientModule(spec, self.cfg.model, self.total_epochs[i], img_size=self._img_size(i))
+            self._templates[key] = (module, to_host(module.model.state_dict()))
+        module, drawn = self._templates[key]
+        module.model.load_state_dict(drawn)
         reinitialise(module.model.decoders, derive_seed(self.cfg.seed, "init", "decoders", i))
         reinitialise(module.model.heads, derive_seed(self.cfg.seed, "init", "heads", i))
         personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
         return {**new_track(module.model), "personal": personal}
 
+    def _state(self, i: int) -> ClientState:
+        """Client ``i``'s stored state; a client that never trained nor received has none
+        stored and starts from its initial state, drawn again when it is needed."""
+        return self.store.get(i) if i in self.store else self._initial_state(i)
+
     def _materialise(self, i: int) -> tuple[ClientModule, ClientState]:
         """Client ``i``'s model on the device, holding its federated track; and its stored state."""
-        state = self.store.get(i)
+        state = self._state(i)
         module = self._module(i)
         module.model.load_state_dict(state["model"])
         return module, state
@@ -212,18 +243,19 @@ class Simulation:
     # ------------------------------------------------------------------ one round
 
     def _round_buffers(self) -> dict[str, torch.Tensor]:
-        """This rank's rows of the round: its clients' encoders, then their decoders in owner
-        order, before training and as deltas. Written in place as clients finish, so no
-        client's parameters are held twice."""
+        """This rank's rows of the round: its clients' encoders (unless streamed), then their
+        decoders in owner order, before training and as deltas. Written in place as clients
+        finish, so no client's parameters are held twice."""
         n_enc = len(self.mine)
         n_dec = sum(len(self.specs[i].tasks) for i in self.mine)
         device = self.fabric.device
         rows = {
-            "enc_prev": torch.empty(n_enc, self.enc_layout.numel, device=device),
-            "enc_delta": torch.empty(n_enc, self.enc_layout.numel, device=device),
             "dec_prev": torch.empty(n_dec, self.dec_layout.numel, device=device),
             "dec_delta": torch.empty(n_dec, self.dec_layout.numel, device=device),
         }
+        if not self.streamed:
+            rows["enc_prev"] = torch.empty(n_enc, self.enc_layout.numel, device=device)
+            rows["enc_delta"] = torch.empty(n_enc, self.enc_layout.numel, device=device)
         for g, (_, _, owners) in enumerate(self.head_groups):
             n_head = sum(1 for i in owners if i in self.mine)
             rows[f"head{g}_prev"] = torch.empty(n_head, self.head_layouts[g].numel, device=device)
@@ -245,17 +277,19 @@ class Simulation:
         self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
     ) -> tuple[torch.Tensor, int, float]:
         """Local training of client ``i`` (the method's ``local_update``): writes its rows of
-        parameters before training and of deltas; returns its mean losses [LOSS_COLUMNS], the
-        :mod:`~fedmtl.federated.health` mask of what diverged (NaN/inf, or an exploding update:
-        beyond ``update_norm_limit``) and the largest growth of its parts. A client that sits
-        the round out, or whose update diverged, writes zero deltas and keeps the state it
-        started the round with."""
+        parameters before training and of deltas (a streamed round: its encoder row file);
+        returns its mean losses [LOSS_COLUMNS], the :mod:`~fedmtl.federated.health` mask of what
+        diverged (NaN/inf, or an exploding update: beyond ``update_norm_limit``) and the largest
+        growth of its parts. A client that sits the round out, or whose update diverged, writes
+        zero deltas (no row file) and keeps the state it started the round with."""
         spec = self.specs[i]
         module, state = self._materialise(i)
         decoders = [module.model.decoders[t] for t in spec.tasks]
-        rows["enc_prev"][enc_row] = self.enc_layout.flatten(module.model.encoder)
+        enc_prev = self.enc_layout.flatten(module.model.encoder)
+        if not self.streamed:
+            rows["enc_prev"][enc_row] = enc_prev
+            rows["enc_delta"][enc_row] = 0
         rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
-        rows["enc_delta"][enc_row] = 0
         rows["dec_delta"][dec_rows] = 0
         heads = self._head_slots(i)
         for task, g, r in heads:
@@ -274,8 +308,8 @@ class Simulation:
             if kept is not None:
                 self.store.put(i, kept)  # a disk store still holds the round-start file
             return losses, bad, 0.0
-        rows["enc_delta"][enc_row] = self.enc_layout.flatten(module.model.encoder)
-        rows["enc_delta"][enc_row] -= rows["enc_prev"][enc_row]
+        enc_trained = self.enc_layout.flatten(module.model.encoder)
+        enc_delta = enc_trained - enc_prev
         rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
         rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
         for task, g, r in heads:
@@ -285,19 +319,24 @@ class Simulation:
             # The encoder, then each task's decoder with its head, against where it started.
             heads_after = [self._head_vector(module, t) for t in spec.tasks]
             dec_prev, dec_delta = rows["dec_prev"][dec_rows], rows["dec_delta"][dec_rows]
-            growths = [health.growth([rows["enc_prev"][enc_row]], [rows["enc_delta"][enc_row]])] + [
+            growths = [health.growth([enc_prev], [enc_delta])] + [
                 health.growth([dec_prev[k], before], [dec_delta[k], after - before])
                 for k, (before, after) in enumerate(zip(heads_before, heads_after, strict=True))
             ]
             exploding = health.exploding_parts(growths, limit)
             if exploding:  # as a NaN update: no delta, and the state it started the round with
-                rows["enc_delta"][enc_row] = 0
                 rows["dec_delta"][dec_rows] = 0
                 for _, g, r in heads:
                     rows[f"head{g}_delta"][r] = 0
                 if kept is not None:
                     self.store.put(i, kept)  # a disk store still holds the round-start file
                 return losses, exploding, max(growths)
+        if self.streamed:
+            kind = self.method.encoder_rows(self.round)
+            if kind is not None:
+                row_files.write_row(self.rows_dir, i, enc_trained if kind == "trained" else enc_delta)
+        else:
+            rows["enc_delta"][enc_row] = enc_delta
         self.store.put(i, state)
         return losses, 0, 0.0
 
@@ -312,6 +351,8 @@ class Simulation:
         """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and divergence
         [N, 2]: each client's health mask and largest growth (zero for other ranks' clients)."""
         rows = self._round_buffers()
+        if self.streamed:  # last round's rows of this rank's clients (a client may not train now)
+            row_files.remove_rows(self.rows_dir, self.mine)
         losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
         bad = torch.zeros(len(self.specs), 2, dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
@@ -409,12 +450,13 @@ class Simulation:
     def _exchange(self, rows: dict[str, torch.Tensor], participants: list[int] | None) -> RoundInput:
         enc_counts = [1] * len(self.specs)
         dec_counts = [len(s.tasks) for s in self.specs]
+        streamed = self.streamed  # the encoders stay in their row files
         return RoundInput(
             round=self.round,
             clients=self.clients,
             encoder_layout=self.enc_layout,
-            encoders_prev=self._gather(rows.pop("enc_prev"), enc_counts),
-            encoder_deltas=self._gather(rows.pop("enc_delta"), enc_counts),
+            encoders_prev=None if streamed else self._gather(rows.pop("enc_prev"), enc_counts),
+            encoder_deltas=None if streamed else self._gather(rows.pop("enc_delta"), enc_counts),
             decoder_layout=self.dec_layout,
             decoder_owners=self.owners,
             decoders_prev=self._gather(rows.pop("dec_prev"), dec_counts),
@@ -436,6 +478,28 @@ class Simulation:
             deltas=self._gather(rows.pop(f"head{g}_delta"), counts),
         )
 
+    def _aggregate(self, inputs: RoundInput) -> RoundOutput:
+        """The method's server step: stacked, or streamed from the row files."""
+        if not self.streamed:
+            return self.method.aggregate(inputs)
+        kind = self.method.encoder_rows(self.round)
+        encoders = None
+        if kind is not None:
+            encoders = row_files.FileRows(kind, self.rows_dir, self.enc_layout.numel, len(self.specs))
+        return self.method.aggregate_streamed(inputs, encoders)
+
+    def _new_encoder(self, output: RoundOutput, i: int, module: ClientModule) -> torch.Tensor:
+        """Client ``i``'s row of the server's encoders; a streamed round forms it from the
+        client's trained encoder (the model holds it), its delta and the shared vectors."""
+        if not isinstance(output.encoders, EncoderMix):
+            return output.encoders[i]
+        mix = output.encoders
+        trained = self.enc_layout.flatten(module.model.encoder)
+        if not mix.needs_delta(i):
+            return mix.row(i, trained)
+        delta = row_files.read_row(self.rows_dir, i, self.enc_layout.numel).to(trained.device)
+        return mix.row(i, trained, delta)
+
     def _write_back(self, output: RoundOutput, skip: list[int]) -> None:
         """Hand the server's new encoder / decoder (/ head) rows to this rank's clients (the
         method's ``receive``: into the model by default) and store them; ``skip``: clients
@@ -447,7 +511,7 @@ class Simulation:
             first = self._first_decoder[i]
             rows = {task: output.decoders[first + j] for j, task in enumerate(self.specs[i].tasks)}
             ctx = self._context(i, module, state)
-            self.method.receive(ctx, output.encoders[i], rows)
+            self.method.receive(ctx, self._new_encoder(output, i, module), rows)
             if output.heads is not None:
                 groups = {task: self._head_group[(i, task)] for task in self.specs[i].tasks}
                 heads = {task: output.heads[g][self.head_groups[g][2].index(i)] for task, g in groups.items()}
@@ -457,10 +521,12 @@ class Simulation:
 
     def _check_output(self, output: RoundOutput) -> None:
         """The server step must not create NaN/inf from finite updates (an overflow, a bug)."""
-        stacks = [
-            ("encoder", output.encoders, [s.name for s in self.specs]),
-            ("decoder", output.decoders, [f"{self.specs[i].name}/{t}" for i, t in self.owners]),
-        ]
+        stacks = [("decoder", output.decoders, [f"{self.specs[i].name}/{t}" for i, t in self.owners])]
+        if isinstance(output.encoders, EncoderMix):  # the shared vectors; a client's own rows are finite
+            vectors = output.encoders.vectors
+            stacks.append(("encoder", vectors, [f"shared encoder vector {g}" for g in range(len(vectors))]))
+        else:
+            stacks.insert(0, ("encoder", output.encoders, [s.name for s in self.specs]))
         for stack, (_, task, owners) in zip(output.heads or [], self.head_groups, strict=False):
             stacks.append(("head", stack, [f"{self.specs[i].name}/{task}" for i in owners]))
         for what, stack, owner in stacks:
@@ -524,10 +590,12 @@ class Simulation:
             raise
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, dict[str, dict[str, float]]]:
-        """Task metrics of every client on its dataset's full validation split, for each model
-        the method evaluates: {label: {client: {task: value}}}, its paper's label first. A
-        label some client does not have yet (FedBABU's fine-tuned copy before the end) is left out."""
+    def evaluate(self, only: list[int] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+        """Task metrics of every client (or the clients ``only``) on its dataset's full
+        validation split, for each model the method evaluates: {label: {client: {task: value}}},
+        its paper's label first. A label some client does not have yet (FedBABU's fine-tuned
+        copy before the end) is left out."""
+        evaluated = list(range(len(self.specs))) if only is None else sorted(only)
         device = self.fabric.device
         table = torch.zeros(
             len(self.labels), len(self.specs), len(TASK_SLOTS), dtype=torch.float64, device=device
@@ -535,10 +603,11 @@ class Simulation:
         present = torch.zeros(len(self.labels), dtype=torch.float64, device=device)
         # On a stop request the ranks still meet in the sums below, then stop together (_agree).
         with contextlib.suppress(stopping.Abandoned):
-            for i in self.mine:
+            chosen = set(evaluated)
+            for i in [i for i in self.mine if i in chosen]:
                 if i not in self._val_data:
                     self._val_data[i] = self._dataset(i, "val")
-                state = self.store.get(i)
+                state = self._state(i)
                 module = self._module(i)
                 for label, model_state in self.method.evaluated_models(state).items():
                     present[self.labels.index(label)] += 1
@@ -557,12 +626,37 @@ class Simulation:
         present = self._sum_over_ranks(present).cpu()
         return {
             label: {
-                s.name: {t: float(table[k, i, TASK_SLOTS[t]]) for t in s.tasks}
-                for i, s in enumerate(self.specs)
+                self.specs[i].name: {t: float(table[k, i, TASK_SLOTS[t]]) for t in self.specs[i].tasks}
+                for i in evaluated
             }
             for k, label in enumerate(self.labels)
-            if int(present[k]) == len(self.specs)
+            if int(present[k]) == len(evaluated)
         }
+
+    def _evaluated_clients(self) -> list[int] | None:
+        """The clients this round's evaluation covers: ``evaluation.clients`` of them, a sample
+        drawn once from the run's seed, except in the last round (None: every client)."""
+        count = self.cfg.evaluation.clients
+        if count is None or count >= len(self.specs) or self.round == self.cfg.rounds:
+            return None
+        draw = random.Random(derive_seed(self.cfg.seed, "evaluation", "clients"))
+        return sorted(draw.sample(range(len(self.specs)), count))
+
+    def _task_summary(self, table: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Per dataset and task: the mean and (population) standard deviation of the metric
+        over the clients in ``table`` ({client: {task: value}}) whose value is a number."""
+        values: dict[str, list[float]] = {}
+        dataset = {s.name: s.dataset for s in self.specs}
+        for client, metrics in table.items():
+            for task, value in metrics.items():
+                if not math.isnan(value):
+                    values.setdefault(f"{dataset[client]}/{task}", []).append(value)
+        out = {}
+        for key, numbers in values.items():
+            mean = sum(numbers) / len(numbers)
+            std = math.sqrt(sum((v - mean) ** 2 for v in numbers) / len(numbers))
+            out[key] = {"mean": mean, "std": std, "clients": len(numbers)}
+        return out
 
     # ------------------------------------------------------------------ the run
 
@@ -576,6 +670,7 @@ class Simulation:
             FlatLayout.from_module(self._module(owners[0]).model.heads[task])
             for _, task, owners in self.head_groups
         ]
+        self.streamed = streams(self.cfg.aggregation, self.method, len(self.specs), self.enc_layout.numel)
 
     def _start(self) -> int:
         """Fill the store from the latest checkpoint (``resume``) or from scratch; the first round."""
@@ -585,9 +680,7 @@ class Simulation:
         if folder is None:
             if self.cfg.resume and self.fabric.global_rank == 0:
                 print(f"resume: no checkpoint in {self.run_dir}, starting from round 1", file=sys.stderr)
-            for i in self.mine:
-                self.store.put(i, self._initial_state(i))
-            return 1
+            return 1  # a client's initial state is drawn when it is first needed
         done = self.restore(folder)
         if self.fabric.global_rank == 0:
             print(f"resume: continuing after round {done} from {folder}", file=sys.stderr)
@@ -609,7 +702,11 @@ class Simulation:
         discard = functools.partial(checkpoint.discard, self.run_dir, self.round)
         with self._phase(stop=False, undo=discard):  # also the barrier before publishing
             for i in self.mine:
-                checkpoint.write_client(self.run_dir, self.round, i, self.store.get(i))
+                stored = self.store.file_of(i)
+                if stored is not None:
+                    checkpoint.link_client(self.run_dir, self.round, i, stored)
+                else:
+                    checkpoint.write_client(self.run_dir, self.round, i, self._state(i))
         with self._phase(stop=False, undo=discard):
             if self.fabric.global_rank == 0:
                 server = {
@@ -643,12 +740,14 @@ class Simulation:
         timings["exchange"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        output = self.method.aggregate(inputs)
+        output = self._aggregate(inputs)
         output.check_against(inputs)
         self._check_output(output)
+        timings["aggregate"] = time.perf_counter() - start
+        start = time.perf_counter()
         with self._phase(stop=False):  # a stop request waits for the round's end (or evaluation)
             self._write_back(output, skip=dropped)
-        timings["aggregate"] = time.perf_counter() - start
+        timings["write_back"] = time.perf_counter() - start
         del rows, inputs, output
         if self.round == self.cfg.rounds:
             start = time.perf_counter()
@@ -672,7 +771,7 @@ class Simulation:
         results = None
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
             start = time.perf_counter()
-            results = self.evaluate()
+            results = self.evaluate(self._evaluated_clients())
             self._agree()  # a stop requested during the evaluation: its numbers are not logged
             timings["eval"] = time.perf_counter() - start
             for label, table in results.items():
@@ -680,6 +779,10 @@ class Simulation:
                 for name, metrics in table.items():
                     for task, value in metrics.items():
                         values[f"{prefix}/{name}/{task}_{get_task(task).metric_name}"] = value
+                for key, stats in self._task_summary(table).items():  # across clients
+                    metric = f"{key}_{get_task(key.split('/')[1]).metric_name}"
+                    values[f"{prefix}_mean/{metric}"] = stats["mean"]
+                    values[f"{prefix}_std/{metric}"] = stats["std"]
         values.update({f"server/{k}": v for k, v in self.method.log_values().items()})
         values.update({f"time/{k}": v for k, v in timings.items()})
         return values, results
@@ -694,7 +797,7 @@ class Simulation:
         if first > cfg.rounds and self.history:  # a finished run: nothing to train or rewrite
             if is_zero:
                 print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
-            self.store.clear()
+            self._clear_store()
             summary = self.summary(self.history[-1]["metrics"], cfg.rounds)
             if is_zero and not (self.run_dir / "results.json").is_file():  # its write failed (a full disk)
                 atomic_write_text(self.run_dir / "results.json", json.dumps(summary, indent=2))
@@ -707,13 +810,19 @@ class Simulation:
             return self._rounds(first)
         except stopping.Stopped as stop:
             self._close_loggers("stopped", exit_code=stop.exit_code)  # wandb keeps what was logged
-            self.store.clear()  # the checkpoint holds what a resume needs
+            self._clear_store()  # the checkpoint holds what a resume needs
             raise
         except BaseException as err:
             self._close_loggers("failed")  # a crash still closes the wandb run
             if isinstance(err, OSError | stopping.PeerFailed):
-                self.store.clear()  # on a full disk, room: a resume reads the checkpoint, not the store
+                self._clear_store()  # on a full disk, room: a resume reads the checkpoint, not the store
             raise
+
+    def _clear_store(self) -> None:
+        """Forget the client states between rounds and a streamed round's row files (scratch:
+        a checkpoint holds what a resume needs)."""
+        self.store.clear()
+        shutil.rmtree(self.rows_dir, ignore_errors=True)
 
     def _close_loggers(self, status: str, exit_code: int | None = None) -> None:
         for logger in self.fabric.loggers:
@@ -777,6 +886,8 @@ class Simulation:
             "evaluated": self.labels[0],
             "clients": table(self.labels[0]),
             "server": self.method.log_values(),
+            # Per dataset and task, across clients: mean, standard deviation, clients counted
+            "tasks": self._task_summary(results.get(self.labels[0], {})),
         }
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
@@ -810,8 +921,20 @@ class Simulation:
         if self.fabric.global_rank == 0:
             atomic_write_text(self.run_dir / "results.json", json.dumps(summary, indent=2))
         self._close_loggers("success")  # flushes the offline wandb run before the process exits
-        self.store.clear()  # the final checkpoint holds every client's state
+        self._clear_store()  # the final checkpoint holds every client's state
         return summary
+
+
+#: ``aggregation: auto`` streams the encoders when their stacked rows (before training and
+#: deltas, [N, P] each) would take more than this many bytes; below, the stacked step runs.
+STACKED_ENCODERS_UP_TO = 2**30
+
+
+def streams(aggregation: str, method: Method, num_clients: int, encoder_numel: int) -> bool:
+    """Whether a run's server step takes the encoders streamed (``RunConfig.aggregation``)."""
+    if aggregation == "auto":
+        return method.streams and 2 * num_clients * encoder_numel * 4 > STACKED_ENCODERS_UP_TO
+    return aggregation == "streamed"
 
 
 #: Up to this many clients the round line names each one; above, it summarises each group of
@@ -825,6 +948,8 @@ def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
     than :data:`PER_CLIENT_UP_TO` clients, per group of replicas instead, so the line stays
     readable at a thousand clients."""
     parts = [f"round {round_}/{rounds}"]
+    if "server/participants" in values:  # client sampling
+        parts.append(f"participants {int(values['server/participants'])}")
     losses = {k.split("/")[1]: v for k, v in values.items() if k.startswith("train/") and k.endswith("/loss")}
     summarise = len(losses) > PER_CLIENT_UP_TO
     if losses:

@@ -66,8 +66,10 @@ def planned(rounds: int | None, ranks: int | None) -> tuple[list[str], list[str]
             # and the temporary names its writer may use (name.tmp, or .name.tmp-PID)
             paths += [name, f"{name}.tmp", f".{name}.tmp-*"]
     paths += checkpoint.run_paths(rounds)
-    # engine.Simulation keeps each rank's clients in store/rank_R (store: disk)
+    # engine.Simulation keeps each rank's clients in store/rank_R (store: disk), and a streamed
+    # round's encoder rows in store/rows
     paths += [f"store/rank_{r}" for r in range(ranks)] if ranks is not None else ["store/rank_[0-9]*"]
+    paths += ["store/rows"]
     paths += [f"wandb/{name}" for name in WANDB]
     return paths, list(FOLDERS)
 

@@ -9,6 +9,7 @@ the training size.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -76,6 +77,7 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
                 "batch, as the public code does); lower clients[].batch_size or use fewer clients"
             )
     size = cfg.data.train_size
+    state_bytes = {}
     for spec in {(s.dataset, s.tasks): s for s in specs}.values():
         img_size = tuple(size or DATASETS.get(spec.dataset).train_size)
         for split in ("train", "val"):
@@ -96,12 +98,45 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
                 dataset[0]  # the first sample reads (errors name the file)
             except ValueError as err:
                 raise ValueError(f"{err}; {check_hint(root)}") from None
-        _check_model(cfg, spec, img_size)
+        state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
+    check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in specs])
     return specs
 
 
-def _check_model(cfg: RunConfig, spec: ClientSpec, img_size: tuple[int, ...]) -> None:
-    """Build the client's model (backbone name, pretrained file) and run it once at ``img_size``."""
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's MemAvailable); None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory_store(cfg: RunConfig, state_bytes: list[int]) -> None:
+    """``store: memory`` keeps every client's state (model, AdamW moments) in RAM: refuse a
+    scenario whose states would not fit in what this machine has available, before anything
+    is written (``state_bytes``: each client's)."""
+    if cfg.store != "memory":
+        return
+    needed = sum(state_bytes) / cfg.num_nodes  # the clients are split among the nodes
+    available = available_memory()
+    if available is None or needed <= 0.8 * available:
+        return
+    gib = 2**30
+    raise ValueError(
+        f"store memory: the {len(state_bytes)} clients' states (parameters and AdamW moments, "
+        f"{max(state_bytes) / 2**20:.0f} MiB for the largest client) need about {needed / gib:.1f} GiB "
+        f"of RAM{' per node' if cfg.num_nodes > 1 else ''}, and this machine has {available / gib:.1f} GiB "
+        "available: use --store disk (states in run_dir/store), or fewer clients"
+    )
+
+
+def _check_model(cfg: RunConfig, spec: ClientSpec, img_size: tuple[int, ...]) -> int:
+    """Build the client's model (backbone name, pretrained file) and run it once at ``img_size``;
+    returns the bytes of a client state of it once trained: its state dict and two AdamW
+    moments of each parameter."""
     module = ClientModule(spec, cfg.model, total_epochs=1, img_size=(int(img_size[0]), int(img_size[1])))
     module.eval()
     try:
@@ -114,3 +149,6 @@ def _check_model(cfg: RunConfig, spec: ClientSpec, img_size: tuple[int, ...]) ->
             f"{img_size[0]}x{img_size[1]} images ({detail}); use a size both backbone and decoders accept, "
             "e.g. a multiple of 32 (Swin: of 32 x its window size)"
         ) from None
+    model = module.model
+    tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return tensors + 2 * sum(p.numel() * p.element_size() for p in model.parameters())

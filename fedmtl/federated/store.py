@@ -6,7 +6,8 @@ exactly. Between rounds the state lives on the host, either in memory or on disk
 the clients being trained occupy a device and the number of clients is bounded by disk.
 
 Files are written to a temporary name and renamed into place (a crash mid-write leaves the
-previous file intact) and read with ``torch.load(weights_only=True)``: tensors, numbers and
+previous file intact; the client store skips the fsync, as a crash resumes from the
+checkpoint) and read with ``torch.load(weights_only=True)``: tensors, numbers and
 strings only, never arbitrary pickled objects. A write that fails for a reason outside the
 run (a full disk, a quota, an I/O error, a read-only file system) removes its temporary file
 and raises :class:`WriteFailed`, which names the file and, for a full disk, the space it
@@ -130,7 +131,10 @@ def writing(path: Path, tmp: Path | None = None, needed: int | None = None) -> I
         raise WriteFailed(cause, path, needed) from err
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
+def atomic_save(obj: Any, path: str | Path, durable: bool = True) -> None:
+    """``path`` holds ``obj`` whole, or is as it was (see :func:`writing`). ``durable``: on disk
+    before this returns (fsync); scratch files skip it and the kernel writes them back while
+    the run goes on."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with writing(path, tmp, needed=payload_bytes(obj)):
@@ -138,7 +142,8 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
 
 
@@ -208,12 +213,21 @@ class ClientStore:
         if self.kind == "memory":
             self._states[client] = state
         else:
-            atomic_save(state, self._path(client))
+            # Scratch (a crash resumes from the checkpoint), so no fsync: the disk catches up
+            # while the next client trains. A checkpoint that links the file syncs it.
+            atomic_save(state, self._path(client), durable=False)
 
     def get(self, client: int) -> ClientState:
         if self.kind == "memory":
             return self._states[client]
         return safe_load(self._path(client))
+
+    def file_of(self, client: int) -> Path | None:
+        """The file holding ``client``'s state (a disk store that has one), else None."""
+        if self.kind != "disk":
+            return None
+        path = self._path(client)
+        return path if path.is_file() else None
 
     def clear(self) -> None:
         """Forget every state (a disk store removes its files; the checkpoint keeps a copy)."""

@@ -20,6 +20,13 @@ hook                   what it decides                                          
 ``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
 =====================  ==========================================================  =================
 
+The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
+before and after training); ``aggregate_streamed`` (a method that ``streams``) takes them as
+:class:`~fedmtl.aggregation.stream.EncoderRows` of the kind ``encoder_rows`` names, read a
+block of columns at a time, and returns them as an
+:class:`~fedmtl.aggregation.stream.EncoderMix`, so no process holds [N, P] (the engine's
+``aggregation`` setting picks the form). Both give the same parameters up to float rounding.
+
 A client's stored state (``ClientContext.state``) is its federated *track* — ``"model"``
 (state dict), ``"optimizer"``, ``"scheduler"``, ``"epochs_done"`` — plus ``"personal"``: a
 dict the method owns (tensors, numbers, strings, nested dicts/lists), kept in the client store
@@ -41,8 +48,9 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from fedmtl.aggregation.base import Aggregator, ClientInfo
+from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
 from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.aggregation.stream import EncoderRows, RowKind
 from fedmtl.federated.store import to_host
 from fedmtl.losses import proximal_term
 from fedmtl.registry import Registry
@@ -160,6 +168,26 @@ class Method(Aggregator):
             range(self.num_clients), count
         )
         return sorted(chosen)
+
+    # ------------------------------------------------------------------ the streamed server step
+
+    @property
+    def streams(self) -> bool:
+        """Whether :meth:`aggregate_streamed` exists for this method and its options. A method
+        whose math needs every encoder row at once (a per-client mix of all of them, a row-wise
+        top-k) does not stream: its server step holds [N, P] stacks."""
+        return False
+
+    def encoder_rows(self, round_: int) -> RowKind | None:
+        """The encoder rows the streamed step of round ``round_`` reads: ``"trained"``,
+        ``"delta"``, or None (it reads none: every client keeps its encoder, say)."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+        """The server step with the encoders streamed: ``inputs`` holds no encoder stacks,
+        ``encoders`` the rows :meth:`encoder_rows` asked for (None if it asked for none); the
+        output's ``encoders`` is an :class:`~fedmtl.aggregation.stream.EncoderMix`."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
 
     # ------------------------------------------------------------------ the client
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
 from fedmtl.methods.base import ClientContext, Method, register_method
 
 Scope = Literal["all", "same_task", "cluster", "none"]
@@ -85,27 +87,77 @@ class FedAvg(Method):
             )
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        encoder_keys = ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
-        decoder_keys = [task for _, task in inputs.decoder_owners]
         encoders = self._pool(
             "encoders",
             self.encoder_scope,
             inputs.encoders_prev,
             inputs.encoder_deltas,
-            encoder_keys,
+            self._encoder_keys(inputs),
             inputs.participating_clients,
             inputs.client_num_samples,
         )
-        decoders = self._pool(
+        return RoundOutput(encoders=encoders, decoders=self._decoders(inputs), heads=self._heads(inputs))
+
+    @staticmethod
+    def _encoder_keys(inputs: RoundInput) -> list[str]:
+        return ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
+
+    def _decoders(self, inputs: RoundInput) -> Tensor:
+        return self._pool(
             "decoders",
             self.decoder_scope,
             inputs.decoders_prev,
             inputs.decoder_deltas,
-            decoder_keys,
+            [task for _, task in inputs.decoder_owners],
             inputs.participating_decoders,
             inputs.decoder_num_samples,
         )
-        return RoundOutput(encoders=encoders, decoders=decoders, heads=self._heads(inputs))
+
+    # ------------------------------------------------------------------ streamed
+
+    @property
+    def streams(self) -> bool:
+        # A cluster scope needs every row to cluster; a subclass with its own _combine (FedOpt's
+        # server optimiser) has not said how it streams.
+        return self.encoder_scope != "cluster" and type(self)._combine is FedAvg._combine
+
+    def encoder_rows(self, round_: int) -> RowKind | None:
+        return None if self.encoder_scope == "none" else "trained"
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+        groups = self._groups(self.encoder_scope, self._encoder_keys(inputs), inputs.participating_clients)
+        mix = self._group_mix(groups, encoders, inputs.num_clients, inputs.encoder_layout.numel, inputs)
+        return RoundOutput(encoders=mix, decoders=self._decoders(inputs), heads=self._heads(inputs))
+
+    def _group_mix(
+        self, groups: Groups, rows: EncoderRows | None, n: int, numel: int, inputs: RoundInput
+    ) -> EncoderMix:
+        """The streamed equal of :func:`group_means_to`: each group's (weighted) mean of its
+        sources' trained rows goes to its targets; the other clients keep what they trained."""
+        live = [(sources, targets) for sources, targets in groups.values() if sources and targets]
+        if not live:
+            return EncoderMix.kept(n, numel)
+        if rows is None or rows.kind != "trained":
+            raise ValueError(f"{type(self).__name__}'s streamed step averages trained encoder rows")
+        counts = inputs.client_num_samples
+        weights = torch.zeros(len(live), n, dtype=torch.float64)
+        mixing = torch.zeros(n, len(live), dtype=torch.float64)
+        trained = torch.ones(n, dtype=torch.float64)
+        for g, (sources, targets) in enumerate(live):
+            w = torch.tensor(
+                [float(counts[i]) if self.weighted else 1.0 for i in sources], dtype=torch.float64
+            )
+            if not w.sum() > 0:
+                raise ValueError(f"weights must have a positive sum, got {w.tolist()}")
+            weights[g, sources] = w / w.sum()
+            mixing[targets, g] = 1.0
+            trained[targets] = 0.0
+        return EncoderMix(
+            vectors=rows.weighted_sums(weights),
+            mixing=mixing,
+            trained=trained,
+            delta=torch.zeros(n, dtype=torch.float64),
+        )
 
     @property
     def shares_heads(self) -> bool:
@@ -144,21 +196,29 @@ class FedAvg(Method):
         num_samples: list[int],
     ) -> Tensor:
         """One pool's new rows: the scope's groups of rows, combined by :meth:`_combine`."""
-        rows = range(prev.shape[0])
+        if scope == "cluster":
+            groups: Groups = {
+                f"cluster{j}": (cluster, cluster)
+                for j, cluster in enumerate(self._clusters(prev, deltas, participating))
+            }
+        else:
+            groups = self._groups(scope, keys, participating)
+        return self._combine(pool, prev, deltas, groups, num_samples)
+
+    @staticmethod
+    def _groups(scope: Scope, keys: Sequence[str], participating: list[int]) -> Groups:
+        """The groups of an ``all``, ``same_task`` or ``none`` scope over rows with ``keys``."""
         groups: Groups = {}
         if scope == "all":
-            groups["all"] = (list(participating), list(rows))
+            groups["all"] = (list(participating), list(range(len(keys))))
         elif scope == "same_task":
             taking_part = set(participating)
-            for row in rows:
-                sources, targets = groups.setdefault(keys[row], ([], []))
+            for row, key in enumerate(keys):
+                sources, targets = groups.setdefault(key, ([], []))
                 targets.append(row)
                 if row in taking_part:
                     sources.append(row)
-        elif scope == "cluster":
-            for j, cluster in enumerate(self._clusters(prev, deltas, participating)):
-                groups[f"cluster{j}"] = (cluster, cluster)
-        return self._combine(pool, prev, deltas, groups, num_samples)
+        return groups
 
     def _combine(
         self, pool: str, prev: Tensor, deltas: Tensor, groups: Groups, num_samples: list[int]

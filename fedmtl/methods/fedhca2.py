@@ -17,6 +17,7 @@ from fedmtl.aggregation.functional import (
     gram_matrix,
     mean_rows,
 )
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
 from fedmtl.methods.base import Method, register_method
 
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
@@ -202,6 +203,64 @@ class FedHCA2(Method):
         decoders = self._aggregate_decoders(inputs)
         self._round = inputs.round
         return RoundOutput(encoders=encoders, decoders=decoders)
+
+    # ------------------------------------------------------------------ streamed
+
+    streams = True
+
+    def encoder_rows(self, round_: int) -> RowKind | None:
+        return {"none": None, "fedavg": "trained", "conflict_averse": "delta"}[self.encoder]
+
+    @torch.no_grad()
+    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+        self._check_round(inputs)
+        if self._round == 0:
+            self._start(inputs)
+        n, numel = inputs.num_clients, inputs.encoder_layout.numel
+        if self.encoder == "none":
+            mix = EncoderMix.kept(n, numel)
+        elif self.encoder == "fedavg":
+            mix = EncoderMix(
+                vectors=encoders.weighted_sums(torch.full((1, n), 1.0 / n, dtype=torch.float64)),
+                mixing=torch.ones(n, 1, dtype=torch.float64),
+                trained=torch.zeros(n, dtype=torch.float64),
+                delta=torch.zeros(n, dtype=torch.float64),
+            )
+        else:
+            mix = self._stream_conflict_averse(inputs, encoders)
+        decoders = self._aggregate_decoders(inputs)
+        self._round = inputs.round
+        return RoundOutput(encoders=mix, decoders=decoders)
+
+    def _stream_conflict_averse(self, inputs: RoundInput, deltas: EncoderRows) -> EncoderMix:
+        """:meth:`_encoders_conflict_averse` in two passes over the deltas: G (with ⟨Δ_i, Ũ^(r-1)⟩),
+        then the homogeneous groups' mean deltas and Ũ; client i gets
+        (θ_i^(r-1) + Δ_i) − Δ_i + Δ̄_g(i) + clamp(α_i)·Ũ."""
+        n = inputs.num_clients
+        previous = self._encoder_update
+        gram = deltas.gram([] if previous is None else [previous])
+        if previous is not None:
+            self._step(self._alpha, -gram[:n, n])
+        coefficients = conflict_averse_coefficients(gram[:n, :n], self.c, self.rescale)
+        alpha = self._alpha.detach().clamp(0, 1)
+        groups = inputs.homogeneous_groups()
+        weights = torch.zeros(len(groups) + 1, n, dtype=torch.float64)
+        mixing = torch.zeros(n, len(groups) + 1, dtype=torch.float64)
+        for g, group in enumerate(groups):
+            weights[g, group] = 1.0 / len(group)
+            mixing[group, g] = 1.0
+        weights[-1] = coefficients
+        mixing[:, -1] = alpha
+        vectors = deltas.weighted_sums(weights)
+        self._encoder_update = vectors[-1].clone()  # Ũ [P], kept for the next round
+        return EncoderMix(
+            vectors=vectors,
+            mixing=mixing,
+            trained=torch.ones(n, dtype=torch.float64),
+            delta=torch.full((n,), -1.0, dtype=torch.float64),
+        )
+
+    # ------------------------------------------------------------------ stacked parts
 
     def _encoders_local(self, inputs: RoundInput) -> Tensor:
         return inputs.encoders_prev + inputs.encoder_deltas

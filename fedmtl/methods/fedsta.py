@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
 from fedmtl.methods.base import ClientContext, register_method
 from fedmtl.methods.fedavg import FedAvg
 
@@ -83,6 +84,17 @@ class FedSTA(FedAvg):
                 decoders=inputs.decoders_prev + inputs.decoder_deltas,
             )
         return super().aggregate(inputs)
+
+    def encoder_rows(self, round_: int) -> RowKind | None:
+        return None if self.in_phase_b(round_) else super().encoder_rows(round_)
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+        if self.in_phase_b(inputs.round):
+            return RoundOutput(
+                encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
+                decoders=inputs.decoders_prev + inputs.decoder_deltas,
+            )
+        return super().aggregate_streamed(inputs, encoders)
 
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         if not self.in_phase_b(ctx.round):  # phase B: the client keeps the bits it trained

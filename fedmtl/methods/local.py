@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
 from fedmtl.methods.base import ClientContext, Method, register_method
 
 
@@ -24,6 +25,17 @@ class Local(Method):
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
         return RoundOutput(
             encoders=inputs.encoders_prev + inputs.encoder_deltas,
+            decoders=inputs.decoders_prev + inputs.decoder_deltas,
+        )
+
+    streams = True
+
+    def encoder_rows(self, round_: int) -> RowKind | None:
+        return None
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+        return RoundOutput(
+            encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
             decoders=inputs.decoders_prev + inputs.decoder_deltas,
         )
 

@@ -1,0 +1,234 @@
+"""The streamed server step (fedmtl/aggregation/stream.py): its two reductions over column
+blocks, the EncoderMix, and — for every method that streams — the same new parameters as the
+stacked step, with participation and over several rounds of server state."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fedmtl.aggregation import (
+    ClientInfo,
+    FlatLayout,
+    HeadGroup,
+    RoundInput,
+    decoder_owners_of,
+    head_groups_of,
+)
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, StackedRows
+from fedmtl.methods import create_method
+
+P = 1000  # encoder columns: blocks of 97 leave a ragged last block
+
+
+class Counting(StackedRows):
+    """StackedRows that remembers which rows it read."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: set[int] = set()
+
+    def read(self, rows, columns):
+        self.seen |= set(rows)
+        return super().read(rows, columns)
+
+
+@pytest.mark.parametrize("block", [1, 97, P, None])
+def test_gram_and_weighted_sums_equal_the_stacked_products(block):
+    torch.manual_seed(0)
+    x = torch.randn(6, P)
+    extra = torch.randn(P)
+    rows = StackedRows("delta", x, block_columns=block)
+    expected = torch.cat([x, extra[None]]).double()
+    torch.testing.assert_close(rows.gram([extra]), expected @ expected.T, rtol=1e-12, atol=1e-9)
+    weights = torch.rand(3, 6, dtype=torch.float64)
+    torch.testing.assert_close(rows.weighted_sums(weights), (weights @ x.double()).float())
+
+
+def test_rows_without_weight_are_never_read():
+    rows = Counting("trained", torch.randn(5, P), block_columns=300)
+    weights = torch.zeros(2, 5, dtype=torch.float64)
+    weights[0, 1], weights[1, 3] = 1.0, 0.5
+    rows.weighted_sums(weights)
+    assert rows.seen == {1, 3}
+
+
+def test_bad_shapes_are_refused():
+    rows = StackedRows("delta", torch.zeros(3, 10))
+    with pytest.raises(ValueError, match=r"shape \[G, 3\]"):
+        rows.weighted_sums(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"extra row must have shape \[10\]"):
+        rows.gram([torch.zeros(9)])
+    with pytest.raises(ValueError, match="kind must be one of"):
+        StackedRows("prev", torch.zeros(3, 10))
+
+
+def test_encoder_mix_row_combines_own_rows_and_vectors():
+    vectors = torch.tensor([[1.0, 2.0], [10.0, 20.0]])
+    mix = EncoderMix(
+        vectors=vectors,
+        mixing=torch.tensor([[1.0, 0.5], [0.0, 0.0]], dtype=torch.float64),
+        trained=torch.tensor([1.0, 1.0], dtype=torch.float64),
+        delta=torch.tensor([-1.0, 0.0], dtype=torch.float64),
+    )
+    trained, delta = torch.tensor([3.0, 4.0]), torch.tensor([1.0, 1.0])
+    # 3 - 1 + 1 + 5 = 8; 4 - 1 + 2 + 10 = 15
+    assert mix.row(0, trained, delta).tolist() == [8.0, 15.0]
+    assert mix.keeps(1) and mix.row(1, trained).tolist() == [3.0, 4.0]
+    with pytest.raises(ValueError, match="needs its delta"):
+        mix.row(0, trained)
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+def _layout(shapes, layers) -> FlatLayout:
+    names = tuple(f"t{k}" for k in range(len(shapes)))
+    return FlatLayout(names=names, shapes=shapes, dtypes=(torch.float32,) * len(shapes), tensor_layers=layers)
+
+
+CLIENTS = [
+    *(ClientInfo(f"pc-semseg-{k}", "pascal_context", ("semseg",), 10 + k) for k in range(3)),
+    *(ClientInfo(f"pc-normals-{k}", "pascal_context", ("normals",), 7 + k) for k in range(2)),
+    *(ClientInfo(f"nyud-{k}", "nyud", ("semseg", "depth"), 5 + 3 * k) for k in range(2)),
+]
+ENCODER = _layout(((600,), (300,), (100,)), ("a", "b", "b"))
+DECODER = _layout(((8, 4), (8,), (16,)), ("conv", "conv", "fuse"))
+
+
+def _round(round_: int, participants=None, heads=False, seed=0) -> tuple[RoundInput, torch.Tensor]:
+    """A round whose trained rows are drawn first, as the engine measures them: Δ = trained − prev."""
+    g = torch.Generator().manual_seed(seed + round_)
+    n, k = len(CLIENTS), len(decoder_owners_of(CLIENTS))
+
+    def pair(rows: int, numel: int, trained_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        prev = torch.randn(rows, numel, generator=g)
+        trained = prev + 0.1 * torch.randn(rows, numel, generator=g)
+        frozen = [r for r in range(rows) if r not in trained_rows]
+        trained[frozen] = prev[frozen]  # a client that sat the round out: zero delta
+        return prev, trained - prev
+
+    taking_part = list(range(n)) if participants is None else list(participants)
+    owners = decoder_owners_of(CLIENTS)
+    enc_prev, enc_delta = pair(n, ENCODER.numel, taking_part)
+    dec_prev, dec_delta = pair(k, DECODER.numel, [r for r, (i, _) in enumerate(owners) if i in taking_part])
+    groups = []
+    if heads:
+        for dataset, task, members in head_groups_of(CLIENTS):
+            layout = _layout(((3,),), ("h",))
+            prev, delta = pair(len(members), 3, [j for j, i in enumerate(members) if i in taking_part])
+            groups.append(HeadGroup(dataset, task, layout, members, prev, delta))
+    inputs = RoundInput(
+        round=round_,
+        clients=CLIENTS,
+        encoder_layout=ENCODER,
+        encoders_prev=enc_prev,
+        encoder_deltas=enc_delta,
+        decoder_layout=DECODER,
+        decoder_owners=owners,
+        decoders_prev=dec_prev,
+        decoder_deltas=dec_delta,
+        participants=participants,
+        heads=groups,
+    )
+    return inputs, enc_prev + enc_delta
+
+
+def _streamed(method, inputs: RoundInput, trained: torch.Tensor):
+    """The streamed step on ``inputs`` (rows of the kind the method asks for) and the encoders
+    it gives each client."""
+    kind = method.encoder_rows(inputs.round)
+    source = {"trained": trained, "delta": inputs.encoder_deltas, None: None}[kind]
+    rows = None if kind is None else StackedRows(kind, source, block_columns=97)
+    stripped = copy.copy(inputs)
+    stripped.encoders_prev = stripped.encoder_deltas = None
+    output = method.aggregate_streamed(stripped, rows)
+    output.check_against(stripped)
+    encoders = torch.stack(
+        [output.encoders.row(i, trained[i], inputs.encoder_deltas[i]) for i in range(inputs.num_clients)]
+    )
+    return encoders, output
+
+
+STREAMED = {
+    "FedAvg": {},
+    "FedAvg-same-task-weighted": {"class_path": "FedAvg", "encoder_scope": "same_task", "weighted": True},
+    "FedAvg-encoders-local": {"class_path": "FedAvg", "encoder_scope": "none"},
+    "FedAvg-unified": {"class_path": "FedAvg", "decoder_scope": "same_task", "head_scope": "same_task"},
+    "FedAvg-sampled": {"class_path": "FedAvg", "participation": 0.5},
+    "FedProx": {},
+    "FedPer": {},
+    "FedBABU": {},
+    "Ditto": {},
+    "FedSTA": {},
+    "Local": {},
+    "FedHCA2": {},
+    "FedHCA2-fedavg-encoders": {"class_path": "FedHCA2", "encoder": "fedavg"},
+    "FedHCA2-local-encoders": {"class_path": "FedHCA2", "encoder": "none"},
+}
+
+
+@pytest.mark.parametrize("name", list(STREAMED))
+def test_streamed_step_equals_the_stacked_one(name):
+    options = dict(STREAMED[name])
+    method = create_method(options.pop("class_path", name), **options)
+    assert method.streams
+    rounds = 5  # FedSTA's phase B is the last round; FedHCA²'s α and β learn from round 2 on
+    method.setup(rounds, CLIENTS, seed=0)
+    stacked, streamed = method, copy.deepcopy(method)
+    for round_ in range(1, rounds + 1):
+        participants = tuple(stacked.participants(round_) or ()) or None
+        inputs, trained = _round(round_, participants, heads=stacked.shares_heads)
+        expected = stacked.aggregate(inputs)
+        encoders, output = _streamed(streamed, inputs, trained)
+        # Up to float rounding (the streamed sums run in float64, in another order)
+        error = (encoders - expected.encoders).norm(dim=1) / expected.encoders.norm(dim=1)
+        assert float(error.max()) <= 1e-6, (name, round_, error.tolist())
+        assert torch.equal(output.decoders, expected.decoders)
+        for got, want in zip(output.heads or [], expected.heads or [], strict=True):
+            assert torch.equal(got, want)
+        assert streamed.log_values() == pytest.approx(stacked.log_values(), rel=1e-6, abs=1e-9)
+
+
+def test_a_mix_keeps_what_each_client_trained_where_nothing_is_averaged():
+    method = create_method("FedAvg", encoder_scope="none")
+    inputs, trained = _round(1)
+    encoders, _ = _streamed(method, inputs, trained)
+    assert torch.equal(encoders, trained)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("FedAMP", {}), ("FedDEA", {}), ("FedOpt", {}), ("MaTFL", {}), ("FedAvg", {"encoder_scope": "cluster"})],
+)
+def test_methods_whose_math_needs_every_row_say_they_do_not_stream(name, options):
+    assert not create_method(name, **options).streams
+
+
+def test_a_method_without_a_streamed_step_says_so():
+    with pytest.raises(NotImplementedError, match="FedAMP does not stream"):
+        create_method("FedAMP").aggregate_streamed(_round(1)[0], None)
+
+
+def test_a_streamed_output_must_be_a_mix_of_every_client():
+    inputs, trained = _round(1)
+    stripped = copy.copy(inputs)
+    stripped.encoders_prev = stripped.encoder_deltas = None
+    output = create_method("FedAvg").aggregate(inputs)
+    with pytest.raises(ValueError, match="must be an EncoderMix of one row per client"):
+        output.check_against(stripped)
+
+
+def test_rows_of_the_wrong_kind_are_refused():
+    inputs, trained = _round(1)
+    stripped = copy.copy(inputs)
+    stripped.encoders_prev = stripped.encoder_deltas = None
+    with pytest.raises(ValueError, match="averages trained encoder rows"):
+        create_method("FedAvg").aggregate_streamed(stripped, StackedRows("delta", inputs.encoder_deltas))
+
+
+def test_encoder_rows_is_an_abstract_reader():
+    with pytest.raises(TypeError):
+        EncoderRows("delta", 2, 3)  # read() is what a row source must say

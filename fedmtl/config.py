@@ -367,11 +367,11 @@ class RunConfig:
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more
             clients than fit in memory.
         aggregation: how the server step takes the encoders. stacked: every client's encoder
-            before and after training as [N, P] stacks on every process; streamed: one row file
-            per client, read a block of columns at a time, so memory does not grow with N × P
-            (methods that support it: FedAvg and its family without a cluster scope, Local,
-            FedHCA²); auto: streamed when the method supports it and the stacks would pass 1 GiB.
-            Both give the same parameters up to float rounding (1e-6 relative).
+            before and after training as [N, P] stacks on every process; streamed: the rows the
+            method needs, one file per client in run_dir/store/rows, read a block of columns at
+            a time, so memory does not grow with N × P (every bundled method streams); auto:
+            streamed once the stacks would pass 1 GiB. Both give the same parameters up to
+            float rounding (1e-6 relative).
     """
 
     clients: list[ClientGroup]

@@ -30,12 +30,6 @@ REFUSED = {
         "0: evaluate after the last",
     ),
     "evaluation.clients 0": ({}, ["--evaluation.clients", "0"], "evaluation.clients", "null: every client"),
-    "aggregation streamed for FedAMP": (
-        {},
-        ["--algorithm", "FedAMP", "--aggregation", "streamed"],
-        "aggregation",
-        "use aggregation stacked or auto",
-    ),
     "evaluation.batch_size 0": ({}, ["--evaluation.batch_size", "0"], "evaluation.batch_size", "got 0"),
     "update_norm_limit 1": ({}, ["--update_norm_limit", "1"], "update_norm_limit", "null: no check"),
     "update_norm_limit nan": ({"update_norm_limit": float("nan")}, [], "update_norm_limit", "got nan"),

@@ -11,7 +11,27 @@ import pytest
 import torch
 
 from fedmtl.federated import checkpoint, integrity
+from fedmtl.methods import Local
+from fedmtl.methods.base import Method
 from tests.helpers import TINY_CLIENTS, client_states, fit, fit_in_processes, fit_refused, tiny_config
+
+
+class StackedOnly(Method):
+    """A method with only the stacked server step (every client keeps what it trained)."""
+
+    def aggregate(self, inputs):
+        return Local().aggregate(inputs)
+
+
+def test_streamed_aggregation_needs_a_method_that_streams(tmp_path, data_root, capsys):
+    config = tiny_config(tmp_path, data_root, rounds=1)
+    method = ["--algorithm", "tests.test_scale.StackedOnly"]
+    lines = fit_refused(config, tmp_path / "run", capsys, *method, "--aggregation", "streamed")
+    assert lines[0] == (
+        "error: aggregation streamed: StackedOnly with these options does not stream its server step "
+        "(its math needs every encoder row at once); use aggregation stacked or auto"
+    )
+    fit(config, tmp_path / "auto", *method)  # auto: the stacked step
 
 
 def _states_close(a: list[dict], b: list[dict], rel: float) -> None:
@@ -29,7 +49,10 @@ def _states_close(a: list[dict], b: list[dict], rel: float) -> None:
     [
         {"class_path": "FedHCA2"},
         {"class_path": "FedAvg", "init_args": {"encoder_scope": "same_task", "participation": 0.67}},
+        {"class_path": "FedAMP", "init_args": {"participation": 0.67, "sigma": 1e4, "alpha_k": 1e3}},
+        {"class_path": "FedDEA", "init_args": {"host": "FedOpt"}},
     ],
+    ids=["FedHCA2", "FedAvg", "FedAMP", "FedDEA"],
 )
 def test_a_streamed_round_gives_the_stacked_rounds_parameters(tmp_path, data_root, algorithm):
     config = tiny_config(tmp_path, data_root, algorithm=algorithm, rounds=1)

@@ -43,6 +43,8 @@ def test_gram_and_weighted_sums_equal_the_stacked_products(block):
     rows = StackedRows("delta", x, block_columns=block)
     expected = torch.cat([x, extra[None]]).double()
     torch.testing.assert_close(rows.gram([extra]), expected @ expected.T, rtol=1e-12, atol=1e-9)
+    some = x[[4, 1]].double()
+    torch.testing.assert_close(rows.gram(rows=[4, 1]), some @ some.T, rtol=1e-12, atol=1e-9)
     weights = torch.rand(3, 6, dtype=torch.float64)
     torch.testing.assert_close(rows.weighted_sums(weights), (weights @ x.double()).float())
 
@@ -61,8 +63,19 @@ def test_bad_shapes_are_refused():
         rows.weighted_sums(torch.zeros(2, 4))
     with pytest.raises(ValueError, match=r"extra row must have shape \[10\]"):
         rows.gram([torch.zeros(9)])
-    with pytest.raises(ValueError, match="kind must be one of"):
-        StackedRows("prev", torch.zeros(3, 10))
+    with pytest.raises(ValueError, match=r"mix takes weights \[3, 3\]"):
+        rows.mix(torch.zeros(2, 3), into="cloud")
+    with pytest.raises(ValueError, match="does not make it"):
+        create_method("FedAvg").encoder_row("masked", torch.zeros(2), torch.zeros(2), ENCODER)
+
+
+def test_mix_makes_a_row_per_client():
+    torch.manual_seed(1)
+    x = torch.randn(4, P)
+    weights = torch.rand(4, 4, dtype=torch.float64)
+    rows = StackedRows("trained", x, block_columns=97)
+    rows.mix(weights, into="cloud")
+    torch.testing.assert_close(rows.made["cloud"], (weights @ x.double()).float())
 
 
 def test_encoder_mix_row_combines_own_rows_and_vectors():
@@ -70,15 +83,18 @@ def test_encoder_mix_row_combines_own_rows_and_vectors():
     mix = EncoderMix(
         vectors=vectors,
         mixing=torch.tensor([[1.0, 0.5], [0.0, 0.0]], dtype=torch.float64),
-        trained=torch.tensor([1.0, 1.0], dtype=torch.float64),
-        delta=torch.tensor([-1.0, 0.0], dtype=torch.float64),
+        own={
+            "trained": torch.tensor([1.0, 1.0], dtype=torch.float64),
+            "delta": torch.tensor([-1.0, 0.0], dtype=torch.float64),
+        },
     )
     trained, delta = torch.tensor([3.0, 4.0]), torch.tensor([1.0, 1.0])
     # 3 - 1 + 1 + 5 = 8; 4 - 1 + 2 + 10 = 15
-    assert mix.row(0, trained, delta).tolist() == [8.0, 15.0]
-    assert mix.keeps(1) and mix.row(1, trained).tolist() == [3.0, 4.0]
-    with pytest.raises(ValueError, match="needs its delta"):
-        mix.row(0, trained)
+    assert mix.needs(0) == ["trained", "delta"] and mix.needs(1) == ["trained"]
+    assert mix.row(0, {"trained": trained, "delta": delta}).tolist() == [8.0, 15.0]
+    assert mix.keeps(1) and mix.row(1, {"trained": trained}).tolist() == [3.0, 4.0]
+    with pytest.raises(ValueError, match=r"needs its rows \['delta'\]"):
+        mix.row(0, {"trained": trained})
 
 
 # ---------------------------------------------------------------------------- methods
@@ -137,17 +153,31 @@ def _round(round_: int, participants=None, heads=False, seed=0) -> tuple[RoundIn
 
 
 def _streamed(method, inputs: RoundInput, trained: torch.Tensor):
-    """The streamed step on ``inputs`` (rows of the kind the method asks for) and the encoders
-    it gives each client."""
-    kind = method.encoder_rows(inputs.round)
-    source = {"trained": trained, "delta": inputs.encoder_deltas, None: None}[kind]
-    rows = None if kind is None else StackedRows(kind, source, block_columns=97)
+    """The streamed step on ``inputs`` (the rows the method names, made by the method from each
+    client's prev and trained encoder) and the encoders it gives each client."""
+    prev = inputs.encoders_prev
+    rows = {
+        name: StackedRows(
+            name,
+            torch.stack(
+                [
+                    method.encoder_row(name, prev[i], trained[i], inputs.encoder_layout)
+                    for i in range(len(prev))
+                ]
+            ),
+            block_columns=97,
+        )
+        for name in method.encoder_rows(inputs.round)
+    }
     stripped = copy.copy(inputs)
     stripped.encoders_prev = stripped.encoder_deltas = None
     output = method.aggregate_streamed(stripped, rows)
     output.check_against(stripped)
+    own = {"trained": trained} | {name: r.stack for name, r in rows.items()}
+    for r in rows.values():
+        own |= r.made
     encoders = torch.stack(
-        [output.encoders.row(i, trained[i], inputs.encoder_deltas[i]) for i in range(inputs.num_clients)]
+        [output.encoders.row(i, {name: stack[i] for name, stack in own.items()}) for i in range(len(prev))]
     )
     return encoders, output
 
@@ -158,12 +188,26 @@ STREAMED = {
     "FedAvg-encoders-local": {"class_path": "FedAvg", "encoder_scope": "none"},
     "FedAvg-unified": {"class_path": "FedAvg", "decoder_scope": "same_task", "head_scope": "same_task"},
     "FedAvg-sampled": {"class_path": "FedAvg", "participation": 0.5},
+    "FedAvg-clustered-sampled": {"class_path": "FedAvg", "encoder_scope": "cluster", "participation": 0.72},
+    "MaTFL": {},
+    "MaTFL-3": {"class_path": "MaTFL", "num_clusters": 3},
     "FedProx": {},
     "FedPer": {},
     "FedBABU": {},
     "Ditto": {},
     "FedSTA": {},
     "Local": {},
+    "FedOpt": {},
+    "FedOpt-yogi-same-task-sampled": {
+        "class_path": "FedOpt",
+        "server_optimizer": "yogi",
+        "encoder_scope": "same_task",
+        "participation": 0.6,
+    },
+    "FedDEA": {},
+    "FedDEA-tensor-fedopt": {"class_path": "FedDEA", "scope": "tensor", "host": "FedOpt"},
+    "FedAMP": {"sigma": 1000.0, "alpha_k": 500.0},
+    "FedAMP-heuristic-sampled": {"class_path": "FedAMP", "kernel": "heuristic", "participation": 0.5},
     "FedHCA2": {},
     "FedHCA2-fedavg-encoders": {"class_path": "FedHCA2", "encoder": "fedavg"},
     "FedHCA2-local-encoders": {"class_path": "FedHCA2", "encoder": "none"},
@@ -199,17 +243,22 @@ def test_a_mix_keeps_what_each_client_trained_where_nothing_is_averaged():
     assert torch.equal(encoders, trained)
 
 
-@pytest.mark.parametrize(
-    ("name", "options"),
-    [("FedAMP", {}), ("FedDEA", {}), ("FedOpt", {}), ("MaTFL", {}), ("FedAvg", {"encoder_scope": "cluster"})],
-)
-def test_methods_whose_math_needs_every_row_say_they_do_not_stream(name, options):
-    assert not create_method(name, **options).streams
+def test_every_registered_method_streams():
+    from fedmtl.methods import METHODS
+
+    assert all(create_method(name).streams for name in METHODS.names())
 
 
 def test_a_method_without_a_streamed_step_says_so():
-    with pytest.raises(NotImplementedError, match="FedAMP does not stream"):
-        create_method("FedAMP").aggregate_streamed(_round(1)[0], None)
+    from fedmtl.methods.base import Method
+
+    class Stacked(Method):
+        def aggregate(self, inputs):
+            return None
+
+    with pytest.raises(NotImplementedError, match="Stacked does not stream"):
+        Stacked().aggregate_streamed(_round(1)[0], {})
+    assert not Stacked().streams
 
 
 def test_a_streamed_output_must_be_a_mix_of_every_client():
@@ -221,14 +270,16 @@ def test_a_streamed_output_must_be_a_mix_of_every_client():
         output.check_against(stripped)
 
 
-def test_rows_of_the_wrong_kind_are_refused():
+def test_rows_the_method_did_not_name_are_not_there():
     inputs, trained = _round(1)
     stripped = copy.copy(inputs)
     stripped.encoders_prev = stripped.encoder_deltas = None
-    with pytest.raises(ValueError, match="averages trained encoder rows"):
-        create_method("FedAvg").aggregate_streamed(stripped, StackedRows("delta", inputs.encoder_deltas))
+    with pytest.raises(KeyError, match="trained"):
+        create_method("FedAvg").aggregate_streamed(
+            stripped, {"delta": StackedRows("delta", inputs.encoder_deltas)}
+        )
 
 
 def test_encoder_rows_is_an_abstract_reader():
     with pytest.raises(TypeError):
-        EncoderRows("delta", 2, 3)  # read() is what a row source must say
+        EncoderRows("delta", 2, 3)  # read() and write() are what a row source must say

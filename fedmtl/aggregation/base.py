@@ -257,7 +257,7 @@ class RoundOutput:
             mix = self.encoders
             if not (
                 isinstance(mix, EncoderMix)
-                and len(mix.trained) == inputs.num_clients
+                and mix.num_rows == inputs.num_clients
                 and mix.vectors.shape[1] == inputs.encoder_layout.numel
             ):
                 raise ValueError(

@@ -2,81 +2,90 @@
 
 A round's encoder rows are N × P numbers (N clients, P encoder parameters: 2.3 M for the
 default backbone, 28 M for Swin-T); stacked, with their deltas and the output, they are what
-limits how many clients fit in memory. A method that *streams* (``Method.streams``) takes them
-as :class:`EncoderRows` — one kind of row, ``"trained"`` (θ^(r-1) + Δ) or ``"delta"`` (Δ),
-whichever its math needs — through two reductions, each one pass over the rows, a block of
-columns at a time:
+limits how many clients fit in memory. A method that *streams* (``Method.streams``) names the
+rows of each client's encoder it needs (``Method.encoder_rows``: ``"trained"`` θ^(r-1) + Δ,
+``"delta"`` Δ, ``"prev"`` θ^(r-1), or one it makes, such as FedDEA's masked update) and takes
+them as :class:`EncoderRows`, through reductions that each make one pass over the rows, a
+block of columns at a time:
 
-- :meth:`EncoderRows.gram`: G = X Xᵀ in float64 (FedHCA²'s conflict-averse step);
-- :meth:`EncoderRows.weighted_sums`: W X for a few weight rows W [G, N] (group means, Ũ).
+- :meth:`EncoderRows.gram`: G = X Xᵀ in float64 (FedHCA²'s conflict-averse step, MaT-FL's
+  clusters, FedAMP's distances);
+- :meth:`EncoderRows.weighted_sums`: W X for a few weight rows W [G, N] (group means, Ũ,
+  FedOpt's pseudo-gradients);
+- :meth:`EncoderRows.mix`: W X for W [N, N], kept as a new row per client (FedAMP's clouds),
+  the one reduction whose result has N rows: they go where the rows are, block by block.
 
 and returns an :class:`EncoderMix`: each client's new encoder as a combination of its own
-rows and those few vectors, formed client by client when the engine writes it back. Memory is
-then G × P for the vectors plus one block of N rows, whatever N. Decoders and heads (Q and
-heads ≪ P) stay stacked: the method's usual code aggregates them.
+rows and a few shared vectors, formed client by client when the engine writes it back. Memory
+is a block of N rows plus the shared vectors, whatever N. Decoders and heads (Q and heads ≪ P)
+stay stacked: the method's usual code aggregates them.
 
 :class:`StackedRows` serves rows held as one tensor (tests, and the stacked step's equal);
-the engine reads them from files (``fedmtl.federated.rows``).
+the engine reads them from files (``fedmtl.federated.rows``). A client without a row (it did
+not train this round) reads as zeros: a method weighs only the clients that trained, unless it
+asks for every client's rows (``Method.reads_every_client``).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-RowKind = Literal["trained", "delta"]
-ROW_KINDS = ("trained", "delta")
+#: Rows every method can ask for; a method may make others (``Method.encoder_row``).
+ROWS = ("trained", "delta", "prev")
 
 #: Bytes of one float64 block of rows: N × columns × 8 stays about this size.
 BLOCK_BYTES = 256 * 2**20
 
 
 class EncoderRows(abc.ABC):
-    """The round's encoder rows of one kind, [N, P] in client order, read by column blocks.
+    """One named row of every client's encoder, [N, P] in client order, read by column blocks.
 
     Args:
-        kind: ``"trained"`` (θ^(r-1) + Δ) or ``"delta"`` (Δ).
+        name: which row (``"trained"``, ``"delta"``, ...).
         num_rows: N.
         numel: P.
         block_columns: columns per block; None: about :data:`BLOCK_BYTES` of float64 per block.
     """
 
-    def __init__(self, kind: RowKind, num_rows: int, numel: int, block_columns: int | None = None) -> None:
-        if kind not in ROW_KINDS:
-            raise ValueError(f"kind must be one of {list(ROW_KINDS)}, got {kind!r}")
+    def __init__(self, name: str, num_rows: int, numel: int, block_columns: int | None = None) -> None:
         if num_rows < 1 or numel < 1:
             raise ValueError(f"EncoderRows needs rows and columns, got [{num_rows}, {numel}]")
         if block_columns is None:
             block_columns = max(1, BLOCK_BYTES // (8 * num_rows))
         if block_columns < 1:
             raise ValueError(f"block_columns must be >= 1, got {block_columns}")
-        self.kind, self.num_rows, self.numel, self.block_columns = kind, num_rows, numel, block_columns
+        self.name, self.num_rows, self.numel, self.block_columns = name, num_rows, numel, block_columns
 
     @abc.abstractmethod
     def read(self, rows: Sequence[int], columns: slice) -> Tensor:
         """Rows ``rows``, columns ``columns``: a new float32 CPU tensor [len(rows), c]."""
+
+    @abc.abstractmethod
+    def write(self, name: str, columns: slice, block: Tensor) -> None:
+        """Columns ``columns`` of every client's row ``name``: ``block`` [N, c] (see :meth:`mix`)."""
 
     def blocks(self) -> Iterator[slice]:
         """The column blocks, in order."""
         for start in range(0, self.numel, self.block_columns):
             yield slice(start, min(start + self.block_columns, self.numel))
 
-    def gram(self, extra: Sequence[Tensor] = ()) -> Tensor:
-        """G = X Xᵀ in float64 [N + E, N + E] on the CPU, X the N rows followed by the ``extra``
-        vectors [P] (e.g. last round's Ũ, whose products with the rows FedHCA² needs)."""
+    def gram(self, extra: Sequence[Tensor] = (), rows: Sequence[int] | None = None) -> Tensor:
+        """G = X Xᵀ in float64 [M + E, M + E] on the CPU, X the rows ``rows`` (default all N, in
+        order) followed by the ``extra`` vectors [P] (e.g. last round's Ũ, whose products with
+        the rows FedHCA² needs)."""
         for vector in extra:
             if tuple(vector.shape) != (self.numel,):
                 raise ValueError(f"an extra row must have shape [{self.numel}], got {tuple(vector.shape)}")
-        everyone = list(range(self.num_rows))
-        size = self.num_rows + len(extra)
+        chosen = list(range(self.num_rows)) if rows is None else [int(r) for r in rows]
+        size = len(chosen) + len(extra)
         out = torch.zeros(size, size, dtype=torch.float64)
         for columns in self.blocks():
-            block = self.read(everyone, columns).to(torch.float64)
+            block = self.read(chosen, columns).to(torch.float64)
             if extra:
                 tails = [v[columns].to("cpu", torch.float64)[None] for v in extra]
                 block = torch.cat([block, *tails])
@@ -86,11 +95,7 @@ class EncoderRows(abc.ABC):
     def weighted_sums(self, weights: Tensor) -> Tensor:
         """W X: [G, P] float32 on the CPU for ``weights`` W [G, N] (float64 sums). Rows whose
         weight is zero in every W row are never read (a client that did not train)."""
-        weights = torch.as_tensor(weights, dtype=torch.float64)
-        if weights.ndim != 2 or weights.shape[1] != self.num_rows:
-            raise ValueError(f"weights must have shape [G, {self.num_rows}], got {tuple(weights.shape)}")
-        if not bool(torch.isfinite(weights).all()):
-            raise ValueError("weights must be finite")
+        weights = self._weights(weights)
         used = torch.nonzero(weights.abs().sum(dim=0) > 0).flatten().tolist()
         out = torch.zeros(weights.shape[0], self.numel, dtype=torch.float32)
         if not used:
@@ -100,46 +105,79 @@ class EncoderRows(abc.ABC):
             out[:, columns] = (w @ self.read(used, columns).to(torch.float64)).to(torch.float32)
         return out
 
+    def mix(self, weights: Tensor, into: str) -> None:
+        """Y = W X for W [N, N] (float64 sums), row i of Y becoming client i's row ``into``."""
+        weights = self._weights(weights)
+        if weights.shape[0] != self.num_rows:
+            raise ValueError(
+                f"mix takes weights [{self.num_rows}, {self.num_rows}], got {tuple(weights.shape)}"
+            )
+        everyone = list(range(self.num_rows))
+        for columns in self.blocks():
+            mixed = weights @ self.read(everyone, columns).to(torch.float64)
+            self.write(into, columns, mixed.to(torch.float32))
+
+    def _weights(self, weights: Tensor) -> Tensor:
+        weights = torch.as_tensor(weights, dtype=torch.float64)
+        if weights.ndim != 2 or weights.shape[1] != self.num_rows:
+            raise ValueError(f"weights must have shape [G, {self.num_rows}], got {tuple(weights.shape)}")
+        if not bool(torch.isfinite(weights).all()):
+            raise ValueError("weights must be finite")
+        return weights
+
 
 class StackedRows(EncoderRows):
-    """Rows held as one [N, P] tensor."""
+    """Rows held as one [N, P] tensor; rows it is asked to write (:meth:`mix`) go to ``made``."""
 
-    def __init__(self, kind: RowKind, stack: Tensor, block_columns: int | None = None) -> None:
+    def __init__(self, name: str, stack: Tensor, block_columns: int | None = None) -> None:
         if stack.ndim != 2:
             raise ValueError(f"a stack of rows is [N, P], got shape {tuple(stack.shape)}")
-        super().__init__(kind, stack.shape[0], stack.shape[1], block_columns)
+        super().__init__(name, stack.shape[0], stack.shape[1], block_columns)
         self.stack = stack
+        self.made: dict[str, Tensor] = {}
 
     def read(self, rows: Sequence[int], columns: slice) -> Tensor:
         index = torch.as_tensor(list(rows), dtype=torch.long, device=self.stack.device)
         return self.stack[:, columns].index_select(0, index).to("cpu", torch.float32)
+
+    def write(self, name: str, columns: slice, block: Tensor) -> None:
+        target = self.made.setdefault(name, torch.zeros(self.num_rows, self.numel))
+        target[:, columns] = block
 
 
 @dataclass
 class EncoderMix:
     """Every client's new encoder, formed when it is needed:
 
-        θ_i = trained[i]·(θ_i^(r-1) + Δ_i) + delta[i]·Δ_i + Σ_g mixing[i, g]·vectors[g]
+        θ_i = Σ_name own[name][i]·row_name(i) + Σ_g mixing[i, g]·vectors[g]
 
-    ``vectors`` [G, P] are the few shared vectors (group means, Ũ), ``mixing`` [N, G] and the
-    own-row coefficients ``trained``, ``delta`` [N] float64. A client whose coefficients are
-    (1, 0, 0) keeps what it trained.
+    ``vectors`` [G, P] are the few shared vectors (group means, Ũ), ``mixing`` [N, G] float64;
+    ``own`` maps a row name to each client's coefficient of its own row of that name, [N]
+    float64: ``"trained"`` is the encoder the client trained (its model holds it), other names
+    are rows of the round (``"delta"``, or one :meth:`EncoderRows.mix` made). A client whose
+    only coefficient is 1 on ``"trained"`` keeps what it trained.
     """
 
     vectors: Tensor  # [G, P] float32
     mixing: Tensor  # [N, G] float64
-    trained: Tensor  # [N] float64
-    delta: Tensor  # [N] float64
+    own: dict[str, Tensor]  # name -> [N] float64
 
     def __post_init__(self) -> None:
-        n = self.trained.shape[0]
+        n = self.mixing.shape[0]
         if self.vectors.ndim != 2 or tuple(self.mixing.shape) != (n, self.vectors.shape[0]):
             raise ValueError(
-                f"mixing must be [N, G] for vectors [G, P] and N = {n} clients; got mixing "
-                f"{tuple(self.mixing.shape)}, vectors {tuple(self.vectors.shape)}"
+                f"mixing must be [N, G] for vectors [G, P]; got mixing {tuple(self.mixing.shape)}, "
+                f"vectors {tuple(self.vectors.shape)}"
             )
-        if tuple(self.delta.shape) != (n,):
-            raise ValueError(f"delta coefficients must be [{n}], got {tuple(self.delta.shape)}")
+        for name, coefficients in self.own.items():
+            if tuple(coefficients.shape) != (n,):
+                raise ValueError(
+                    f"own coefficients of {name!r} must be [{n}], got {tuple(coefficients.shape)}"
+                )
+
+    @property
+    def num_rows(self) -> int:
+        return self.mixing.shape[0]
 
     @classmethod
     def kept(cls, num_rows: int, numel: int) -> EncoderMix:
@@ -147,34 +185,32 @@ class EncoderMix:
         return cls(
             vectors=torch.zeros(0, numel),
             mixing=torch.zeros(num_rows, 0, dtype=torch.float64),
-            trained=torch.ones(num_rows, dtype=torch.float64),
-            delta=torch.zeros(num_rows, dtype=torch.float64),
+            own={"trained": torch.ones(num_rows, dtype=torch.float64)},
         )
 
-    def needs_delta(self, i: int) -> bool:
-        return bool(self.delta[i] != 0)
+    def needs(self, i: int) -> list[str]:
+        """The names of client ``i``'s own rows its new encoder is made of."""
+        return [name for name, coefficients in self.own.items() if coefficients[i] != 0]
 
     def keeps(self, i: int) -> bool:
         """Whether client ``i``'s new encoder is exactly what it trained."""
-        return bool(self.trained[i] == 1 and self.delta[i] == 0 and not self.mixing[i].any())
+        own = {name: float(c[i]) for name, c in self.own.items() if c[i] != 0}
+        return own == {"trained": 1.0} and not self.mixing[i].any()
 
-    def row(self, i: int, trained: Tensor, delta: Tensor | None = None) -> Tensor:
-        """Client ``i``'s new encoder [P] (float32, on ``trained``'s device) from its trained
-        row and, where its coefficient is not zero, its delta."""
+    def row(self, i: int, rows: Mapping[str, Tensor]) -> Tensor:
+        """Client ``i``'s new encoder [P] (float32, on the device of its ``"trained"`` row) from
+        its own rows by name (at least those :meth:`needs` names)."""
+        missing = [name for name in self.needs(i) if name not in rows]
+        if missing:
+            raise ValueError(f"client {i}'s new encoder needs its rows {missing}")
+        like = rows["trained"] if "trained" in rows else next(iter(rows.values()))
         if self.keeps(i):
-            return trained.clone()
-        out = torch.zeros(trained.shape, dtype=torch.float64, device=trained.device)
+            return rows["trained"].clone()
+        out = torch.zeros(self.vectors.shape[1], dtype=torch.float64, device=like.device)
         used = torch.nonzero(self.mixing[i]).flatten().tolist()
         if used:
-            coefficients = self.mixing[i, used].to(trained.device)
-            out += coefficients @ self.vectors[used].to(trained.device, torch.float64)
-        if self.trained[i] != 0:
-            out += float(self.trained[i]) * trained.to(torch.float64)
-        if self.delta[i] != 0:
-            if delta is None:
-                raise ValueError(f"client {i}'s new encoder needs its delta")
-            out += float(self.delta[i]) * delta.to(trained.device, torch.float64)
-        return out.to(trained.dtype)
-
-    def all_finite(self) -> bool:
-        return bool(torch.isfinite(self.vectors).all())
+            coefficients = self.mixing[i, used].to(like.device)
+            out += coefficients @ self.vectors[used].to(like.device, torch.float64)
+        for name in self.needs(i):
+            out += float(self.own[name][i]) * rows[name].to(like.device, torch.float64)
+        return out.to(torch.float32)

@@ -296,6 +296,8 @@ class Simulation:
             rows[f"head{g}_prev"][r] = self.head_layouts[g].flatten(module.model.heads[task])
             rows[f"head{g}_delta"][r] = 0
         if not takes_part:
+            if self.streamed:
+                self._write_rows(i, enc_prev, None)
             return torch.zeros(LOSS_COLUMNS, dtype=torch.float64), 0, 0.0
         limit = self.cfg.update_norm_limit
         heads_before = [self._head_vector(module, t) for t in spec.tasks] if limit is not None else []
@@ -307,6 +309,8 @@ class Simulation:
         if bad:
             if kept is not None:
                 self.store.put(i, kept)  # a disk store still holds the round-start file
+            if self.streamed:
+                self._write_rows(i, enc_prev, None)
             return losses, bad, 0.0
         enc_trained = self.enc_layout.flatten(module.model.encoder)
         enc_delta = enc_trained - enc_prev
@@ -330,15 +334,28 @@ class Simulation:
                     rows[f"head{g}_delta"][r] = 0
                 if kept is not None:
                     self.store.put(i, kept)  # a disk store still holds the round-start file
+                if self.streamed:
+                    self._write_rows(i, enc_prev, None)
                 return losses, exploding, max(growths)
         if self.streamed:
-            kind = self.method.encoder_rows(self.round)
-            if kind is not None:
-                row_files.write_row(self.rows_dir, i, enc_trained if kind == "trained" else enc_delta)
+            self._write_rows(i, enc_prev, enc_trained)
         else:
             rows["enc_delta"][enc_row] = enc_delta
         self.store.put(i, state)
         return losses, 0, 0.0
+
+    def _write_rows(self, i: int, prev: torch.Tensor, trained: torch.Tensor | None) -> None:
+        """A streamed round: client ``i``'s encoder rows the method names, from its encoder
+        before and after training (``trained`` None: it did not train, or its update was
+        dropped; it has rows only for a method that reads every client's, with a zero delta)."""
+        if trained is None:
+            if not self.method.reads_every_client:
+                return
+            trained = prev
+        folder = row_files.round_folder(self.rows_dir, self.round)
+        for name in self.method.encoder_rows(self.round):
+            row = self.method.encoder_row(name, prev, trained, self.enc_layout)
+            row_files.write_row(folder, i, name, row)
 
     @staticmethod
     def _head_vector(module: ClientModule, task: str) -> torch.Tensor:
@@ -351,8 +368,9 @@ class Simulation:
         """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and divergence
         [N, 2]: each client's health mask and largest growth (zero for other ranks' clients)."""
         rows = self._round_buffers()
-        if self.streamed:  # last round's rows of this rank's clients (a client may not train now)
-            row_files.remove_rows(self.rows_dir, self.mine)
+        if self.streamed:
+            names = self.method.encoder_rows(self.round)
+            row_files.start_round(self.rows_dir, self.round, self.mine, names, self.fabric.global_rank == 0)
         losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
         bad = torch.zeros(len(self.specs), 2, dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
@@ -482,23 +500,25 @@ class Simulation:
         """The method's server step: stacked, or streamed from the row files."""
         if not self.streamed:
             return self.method.aggregate(inputs)
-        kind = self.method.encoder_rows(self.round)
-        encoders = None
-        if kind is not None:
-            encoders = row_files.FileRows(kind, self.rows_dir, self.enc_layout.numel, len(self.specs))
+        folder = row_files.round_folder(self.rows_dir, self.round)
+        encoders = {
+            name: row_files.FileRows(name, folder, self.enc_layout.numel, len(self.specs))
+            for name in self.method.encoder_rows(self.round)
+        }
         return self.method.aggregate_streamed(inputs, encoders)
 
     def _new_encoder(self, output: RoundOutput, i: int, module: ClientModule) -> torch.Tensor:
         """Client ``i``'s row of the server's encoders; a streamed round forms it from the
-        client's trained encoder (the model holds it), its delta and the shared vectors."""
+        client's trained encoder (the model holds it), its other rows and the shared vectors."""
         if not isinstance(output.encoders, EncoderMix):
             return output.encoders[i]
         mix = output.encoders
-        trained = self.enc_layout.flatten(module.model.encoder)
-        if not mix.needs_delta(i):
-            return mix.row(i, trained)
-        delta = row_files.read_row(self.rows_dir, i, self.enc_layout.numel).to(trained.device)
-        return mix.row(i, trained, delta)
+        rows = {"trained": self.enc_layout.flatten(module.model.encoder)}
+        folder = row_files.round_folder(self.rows_dir, self.round)
+        for name in mix.needs(i):
+            if name not in rows:
+                rows[name] = row_files.read_row(folder, i, name, self.enc_layout.numel)
+        return mix.row(i, rows)
 
     def _write_back(self, output: RoundOutput, skip: list[int]) -> None:
         """Hand the server's new encoder / decoder (/ head) rows to this rank's clients (the

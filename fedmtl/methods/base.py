@@ -21,9 +21,9 @@ hook                   what it decides                                          
 =====================  ==========================================================  =================
 
 The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
-before and after training); ``aggregate_streamed`` (a method that ``streams``) takes them as
-:class:`~fedmtl.aggregation.stream.EncoderRows` of the kind ``encoder_rows`` names, read a
-block of columns at a time, and returns them as an
+before and after training); ``aggregate_streamed`` (a method that ``streams``) takes the rows
+``encoder_rows`` names as :class:`~fedmtl.aggregation.stream.EncoderRows`, read a block of
+columns at a time, and returns the encoders as an
 :class:`~fedmtl.aggregation.stream.EncoderMix`, so no process holds [N, P] (the engine's
 ``aggregation`` setting picks the form). Both give the same parameters up to float rounding.
 
@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
 from fedmtl.aggregation.flat import FlatLayout
-from fedmtl.aggregation.stream import EncoderRows, RowKind
+from fedmtl.aggregation.stream import EncoderRows
 from fedmtl.federated.store import to_host
 from fedmtl.losses import proximal_term
 from fedmtl.registry import Registry
@@ -173,20 +173,34 @@ class Method(Aggregator):
 
     @property
     def streams(self) -> bool:
-        """Whether :meth:`aggregate_streamed` exists for this method and its options. A method
-        whose math needs every encoder row at once (a per-client mix of all of them, a row-wise
-        top-k) does not stream: its server step holds [N, P] stacks."""
+        """Whether :meth:`aggregate_streamed` exists for this method and its options."""
         return False
 
-    def encoder_rows(self, round_: int) -> RowKind | None:
-        """The encoder rows the streamed step of round ``round_`` reads: ``"trained"``,
-        ``"delta"``, or None (it reads none: every client keeps its encoder, say)."""
+    #: Whether the streamed step reads the rows of clients that did not train this round (their
+    #: current parameters, zero delta): FedAMP mixes every client's last weights. Otherwise
+    #: only the clients that trained have rows.
+    reads_every_client: bool = False
+
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        """The rows of each client's encoder the streamed step of round ``round_`` reads, by
+        name (:data:`~fedmtl.aggregation.stream.ROWS`, or one :meth:`encoder_row` makes)."""
         raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+    def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
+        """Client row ``name`` from its encoder before (``prev``) and after (``trained``) the
+        round's training, flat [P]."""
+        if name == "trained":
+            return trained
+        if name == "delta":
+            return trained - prev
+        if name == "prev":
+            return prev
+        raise ValueError(f"{type(self).__name__} asks for encoder row {name!r} but does not make it")
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         """The server step with the encoders streamed: ``inputs`` holds no encoder stacks,
-        ``encoders`` the rows :meth:`encoder_rows` asked for (None if it asked for none); the
-        output's ``encoders`` is an :class:`~fedmtl.aggregation.stream.EncoderMix`."""
+        ``encoders`` the rows :meth:`encoder_rows` named; the output's ``encoders`` is an
+        :class:`~fedmtl.aggregation.stream.EncoderMix`."""
         raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
 
     # ------------------------------------------------------------------ the client

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import fedamp_weights, gram_matrix, heuristic_fedamp_weights, mix_rows
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, Penalty, register_method, snapshot
 
 
@@ -97,6 +99,29 @@ class FedAMP(Method):
 
     def log_values(self) -> dict[str, float]:
         return {f"xi_self/{name}": value for name, value in self._xi_self.items()}
+
+    # ------------------------------------------------------------------ streamed
+
+    streams = True
+    reads_every_client = True  # the clients that sit a round out take part with their last weights
+
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return ("trained",)
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        """:meth:`aggregate` with the encoders streamed: ξ from the Gram matrix of the trained
+        rows, then each client's cloud u_i = Σ_j ξ_ij w_j written as its row ``"cloud"``."""
+        trained = encoders["trained"]
+        xi = self.weights(trained.gram())
+        trained.mix(xi, into="cloud")
+        n = inputs.num_clients
+        clouds = {"cloud": torch.ones(n, dtype=torch.float64)}
+        mix = EncoderMix(torch.zeros(0, trained.numel), torch.zeros(n, 0, dtype=torch.float64), own=clouds)
+        _, decoders = self.clouds(inputs.decoders_prev, inputs.decoder_deltas)
+        self._xi_self = {
+            c.name: float(x) for c, x in zip(inputs.clients, xi.diagonal().tolist(), strict=True)
+        }
+        return RoundOutput(encoders=mix, decoders=decoders)
 
     # ------------------------------------------------------------------ client
 

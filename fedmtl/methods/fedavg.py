@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
-from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, register_method
 
 Scope = Literal["all", "same_task", "cluster", "none"]
@@ -115,35 +115,45 @@ class FedAvg(Method):
 
     # ------------------------------------------------------------------ streamed
 
-    @property
-    def streams(self) -> bool:
-        # A cluster scope needs every row to cluster; a subclass with its own _combine (FedOpt's
-        # server optimiser) has not said how it streams.
-        return self.encoder_scope != "cluster" and type(self)._combine is FedAvg._combine
+    streams = True
 
-    def encoder_rows(self, round_: int) -> RowKind | None:
-        return None if self.encoder_scope == "none" else "trained"
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return () if self.encoder_scope == "none" else ("trained",)
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
-        groups = self._groups(self.encoder_scope, self._encoder_keys(inputs), inputs.participating_clients)
-        mix = self._group_mix(groups, encoders, inputs.num_clients, inputs.encoder_layout.numel, inputs)
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        participating = inputs.participating_clients
+        if self.encoder_scope == "cluster":  # clustered on the Gram matrix of the trained rows
+            clusters = self._clusters_of(lambda: encoders["trained"].gram(rows=participating), participating)
+            groups: Groups = {f"cluster{j}": (cluster, cluster) for j, cluster in enumerate(clusters)}
+        else:
+            groups = self._groups(self.encoder_scope, self._encoder_keys(inputs), participating)
+        mix = self._stream_groups(groups, encoders, inputs)
         return RoundOutput(encoders=mix, decoders=self._decoders(inputs), heads=self._heads(inputs))
 
-    def _group_mix(
-        self, groups: Groups, rows: EncoderRows | None, n: int, numel: int, inputs: RoundInput
+    def _stream_groups(
+        self, groups: Groups, encoders: Mapping[str, EncoderRows], inputs: RoundInput
     ) -> EncoderMix:
-        """The streamed equal of :func:`group_means_to`: each group's (weighted) mean of its
+        """The streamed :meth:`_combine` of the encoders: each group's (weighted) mean of its
         sources' trained rows goes to its targets; the other clients keep what they trained."""
         live = [(sources, targets) for sources, targets in groups.values() if sources and targets]
+        n = inputs.num_clients
         if not live:
-            return EncoderMix.kept(n, numel)
-        if rows is None or rows.kind != "trained":
-            raise ValueError(f"{type(self).__name__}'s streamed step averages trained encoder rows")
+            return EncoderMix.kept(n, inputs.encoder_layout.numel)
+        weights, mixing, trained = self._group_weights(live, inputs)
+        return EncoderMix(encoders["trained"].weighted_sums(weights), mixing, own={"trained": trained})
+
+    def _group_weights(
+        self, groups: Sequence[tuple[list[int], list[int]]], inputs: RoundInput
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """For (sources, targets) groups: their sources' normalised weights [G, N] (equal, or
+        by sample count), the targets' mixing [N, G] and the own-row coefficients [N] (0 for a
+        target, 1 for a client that keeps what it trained)."""
+        n = inputs.num_clients
         counts = inputs.client_num_samples
-        weights = torch.zeros(len(live), n, dtype=torch.float64)
-        mixing = torch.zeros(n, len(live), dtype=torch.float64)
+        weights = torch.zeros(len(groups), n, dtype=torch.float64)
+        mixing = torch.zeros(n, len(groups), dtype=torch.float64)
         trained = torch.ones(n, dtype=torch.float64)
-        for g, (sources, targets) in enumerate(live):
+        for g, (sources, targets) in enumerate(groups):
             w = torch.tensor(
                 [float(counts[i]) if self.weighted else 1.0 for i in sources], dtype=torch.float64
             )
@@ -152,12 +162,7 @@ class FedAvg(Method):
             weights[g, sources] = w / w.sum()
             mixing[targets, g] = 1.0
             trained[targets] = 0.0
-        return EncoderMix(
-            vectors=rows.weighted_sums(weights),
-            mixing=mixing,
-            trained=trained,
-            delta=torch.zeros(n, dtype=torch.float64),
-        )
+        return weights, mixing, trained
 
     @property
     def shares_heads(self) -> bool:
@@ -231,11 +236,17 @@ class FedAvg(Method):
 
     def _clusters(self, prev: Tensor, deltas: Tensor, participating: list[int]) -> list[list[int]]:
         """MaT-FL's clusters of the participating rows, as row indices."""
+        return self._clusters_of(
+            lambda: gram_matrix(prev[participating] + deltas[participating]).cpu(), participating
+        )
+
+    def _clusters_of(self, gram: Callable[[], Tensor], participating: list[int]) -> list[list[int]]:
+        """The clusters of the participating rows from ``gram()``, the Gram matrix of their
+        trained parameters (asked for only when there is something to cluster)."""
         k = min(self.num_clusters, len(participating))
         if k == len(participating):
             return [[r] for r in participating]
-        trained = prev[participating] + deltas[participating]
-        clusters = cosine_clusters(gram_matrix(trained).cpu(), k)
+        clusters = cosine_clusters(gram(), k)
         return [[participating[j] for j in cluster] for cluster in clusters]
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from fedmtl.aggregation.base import ClientInfo, RoundInput, RoundOutput
 from fedmtl.aggregation.feddea import check_rho, feddea_mask
 from fedmtl.aggregation.flat import FlatLayout
+from fedmtl.aggregation.stream import EncoderRows
 from fedmtl.methods.base import ClientContext, Method, Penalty, create_method, register_method
 from fedmtl.methods.fedavg import HeadScope, Scope
 
@@ -129,6 +130,30 @@ class FedDEA(Method):
             heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
         )
         return self.host.aggregate(masked)
+
+    # ------------------------------------------------------------------ streamed
+
+    @property
+    def streams(self) -> bool:
+        return self.host.streams
+
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return self.host.encoder_rows(round_)
+
+    def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
+        """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'."""
+        if name not in ("trained", "delta"):
+            return self.host.encoder_row(name, prev, trained, layout)
+        masked = self.transform((trained - prev)[None], layout)[0]
+        return prev + masked if name == "trained" else masked
+
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        masked = dataclasses.replace(
+            inputs,
+            decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
+            heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
+        )
+        return self.host.aggregate_streamed(masked, encoders)
 
     def transform(self, deltas: Tensor, layout: FlatLayout) -> Tensor:
         """FedDEA's transform of a stack of updates [M, D]: per row (``unit``) or per parameter

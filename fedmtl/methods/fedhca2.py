@@ -17,7 +17,7 @@ from fedmtl.aggregation.functional import (
     gram_matrix,
     mean_rows,
 )
-from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import Method, register_method
 
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
@@ -208,11 +208,11 @@ class FedHCA2(Method):
 
     streams = True
 
-    def encoder_rows(self, round_: int) -> RowKind | None:
-        return {"none": None, "fedavg": "trained", "conflict_averse": "delta"}[self.encoder]
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return {"none": (), "fedavg": ("trained",), "conflict_averse": ("delta",)}[self.encoder]
 
     @torch.no_grad()
-    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         self._check_round(inputs)
         if self._round == 0:
             self._start(inputs)
@@ -220,14 +220,10 @@ class FedHCA2(Method):
         if self.encoder == "none":
             mix = EncoderMix.kept(n, numel)
         elif self.encoder == "fedavg":
-            mix = EncoderMix(
-                vectors=encoders.weighted_sums(torch.full((1, n), 1.0 / n, dtype=torch.float64)),
-                mixing=torch.ones(n, 1, dtype=torch.float64),
-                trained=torch.zeros(n, dtype=torch.float64),
-                delta=torch.zeros(n, dtype=torch.float64),
-            )
+            mean = encoders["trained"].weighted_sums(torch.full((1, n), 1.0 / n, dtype=torch.float64))
+            mix = EncoderMix(mean, mixing=torch.ones(n, 1, dtype=torch.float64), own={})
         else:
-            mix = self._stream_conflict_averse(inputs, encoders)
+            mix = self._stream_conflict_averse(inputs, encoders["delta"])
         decoders = self._aggregate_decoders(inputs)
         self._round = inputs.round
         return RoundOutput(encoders=mix, decoders=decoders)
@@ -253,12 +249,11 @@ class FedHCA2(Method):
         mixing[:, -1] = alpha
         vectors = deltas.weighted_sums(weights)
         self._encoder_update = vectors[-1].clone()  # Ũ [P], kept for the next round
-        return EncoderMix(
-            vectors=vectors,
-            mixing=mixing,
-            trained=torch.ones(n, dtype=torch.float64),
-            delta=torch.full((n,), -1.0, dtype=torch.float64),
-        )
+        own = {
+            "trained": torch.ones(n, dtype=torch.float64),
+            "delta": torch.full((n,), -1.0, dtype=torch.float64),
+        }
+        return EncoderMix(vectors, mixing, own)
 
     # ------------------------------------------------------------------ stacked parts
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
+from fedmtl.aggregation.base import RoundInput
 from fedmtl.aggregation.fedopt import (
     DEFAULT_BETA1,
     DEFAULT_BETA2,
@@ -14,6 +17,7 @@ from fedmtl.aggregation.fedopt import (
     ServerOptimizerKind,
 )
 from fedmtl.aggregation.functional import mean_rows
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import register_method
 from fedmtl.methods.fedavg import FedAvg, Groups, HeadScope, Scope
 
@@ -100,6 +104,29 @@ class FedOpt(FedAvg):
             new, self.moments[name] = self.optimizer.step(x, delta, self.moments.get(name))
             out[targets] = new
         return out
+
+    # ------------------------------------------------------------------ streamed
+
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return () if self.encoder_scope == "none" else ("prev", "delta")
+
+    def _stream_groups(
+        self, groups: Groups, encoders: Mapping[str, EncoderRows], inputs: RoundInput
+    ) -> EncoderMix:
+        """The streamed :meth:`_combine` of the encoders: per group with a member that trained,
+        x and Δ as weighted sums of the prev and delta rows, one optimiser step, the result to
+        the group's targets; the other clients keep what they trained."""
+        live = [(key, sources, targets) for key, (sources, targets) in groups.items() if sources]
+        if not live:
+            return EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel)
+        weights, mixing, trained = self._group_weights([(s, t) for _, s, t in live], inputs)
+        x, delta = encoders["prev"].weighted_sums(weights), encoders["delta"].weighted_sums(weights)
+        stepped = []
+        for g, (key, _, _) in enumerate(live):
+            name = f"encoders/{key}"  # the stacked step's name, so checkpoints of either resume the other
+            new, self.moments[name] = self.optimizer.step(x[g], delta[g], self.moments.get(name))
+            stepped.append(new)
+        return EncoderMix(torch.stack(stepped), mixing, own={"trained": trained})
 
     # ------------------------------------------------------------------ server state
 

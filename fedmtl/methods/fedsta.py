@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
-from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, register_method
 from fedmtl.methods.fedavg import FedAvg
 
@@ -85,10 +85,10 @@ class FedSTA(FedAvg):
             )
         return super().aggregate(inputs)
 
-    def encoder_rows(self, round_: int) -> RowKind | None:
-        return None if self.in_phase_b(round_) else super().encoder_rows(round_)
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return () if self.in_phase_b(round_) else super().encoder_rows(round_)
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         if self.in_phase_b(inputs.round):
             return RoundOutput(
                 encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),

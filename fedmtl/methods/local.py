@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
-from fedmtl.aggregation.stream import EncoderMix, EncoderRows, RowKind
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, register_method
 
 
@@ -30,10 +30,10 @@ class Local(Method):
 
     streams = True
 
-    def encoder_rows(self, round_: int) -> RowKind | None:
-        return None
+    def encoder_rows(self, round_: int) -> tuple[str, ...]:
+        return ()
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: EncoderRows | None) -> RoundOutput:
+    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         return RoundOutput(
             encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
             decoders=inputs.decoders_prev + inputs.decoder_deltas,

@@ -59,7 +59,7 @@ REFERENCE = "FedAvg"
 TARGETS = {"Ditto": 2.2}  # x FedAvg's round time; every other method: DEFAULT_TARGET
 DEFAULT_TARGET = 1.15
 SERVER_TARGETS = {"FedAMP": 3.0}  # x FedAvg's server step
-PHASES = ("train", "exchange", "aggregate", "finish")
+PHASES = ("train", "exchange", "aggregate", "write_back", "finish")
 TRACK = ("model", "optimizer", "scheduler")
 MIB = 1024**2
 
@@ -109,8 +109,9 @@ def fit(config: Path, method: str, rounds: int, run_dir: Path) -> None:
 
 
 def phase_times(metrics_csv: Path, rounds: int) -> dict[str, float]:
-    """Mean seconds per round of train, exchange and aggregate, their sum ``round``, and the
-    total seconds of ``finish`` (once, after the last round)."""
+    """Mean seconds per round of train, exchange, aggregate and write_back, their sum
+    ``round``, and the total seconds of ``finish`` (once, after the last round; none for a
+    method without finishing work)."""
     sums: dict[str, float] = defaultdict(float)
     with open(metrics_csv) as f:
         for row in csv.DictReader(f):
@@ -181,7 +182,7 @@ def print_rounds(
     )
     for method in times:
         m = med[method]
-        if m["finish"] - ref_med["finish"] < 0.5:  # only the state round-trip every method pays
+        if m["finish"] - ref_med["finish"] < 0.5:  # no finishing work
             continue
         print(
             f"  {method:9s} {m['finish']:7.1f} s = {m['finish'] / ref_med['round']:.1f} FedAvg rounds; "

@@ -419,6 +419,7 @@ def test_config_changes_ignore_where_the_run_executes():
     saved = {"rounds": 2, "devices": 1, "evaluation": {"every": 4}, "clients": [{"dataset": "nyud"}]}
     now = {"rounds": 2, "devices": 2, "evaluation": {"every": 1}, "clients": [{"dataset": "nyud"}]}
     assert rundir.config_changes(saved, now) == []
+    assert rundir.config_changes({**saved, "aggregation": "auto"}, {**now, "aggregation": "streamed"}) == []
     now["clients"] = [{"dataset": "pascal_context"}]
     assert rundir.config_changes(saved, now) == ["clients[0].dataset: 'nyud' -> 'pascal_context'"]
 

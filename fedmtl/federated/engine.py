@@ -5,14 +5,15 @@ Every rank runs the same loop on its share of the clients (balanced by expected 
 1. train: each of the rank's clients is materialised from the client store (or drawn, the
    first time) into a model of its architecture on the device, trains its local epochs, and
    goes back to the store;
-2. exchange: the flat decoder parameters (and heads, for a method that shares them) before
-   and after training are all-gathered, so every rank holds every client's update; so are the
-   encoders in a stacked round, while a streamed round (``aggregation``) leaves each client's
-   encoder row in a file of the run directory (``rows.py``);
+2. exchange: the round's pools (``pools.py``: encoders, decoders, and the head groups of a
+   method that shares heads), before and after training, are all-gathered, so every rank
+   holds every client's update; a streamed round (``aggregation``) leaves the encoders in
+   files of the run directory (``rows.py``) instead;
 3. aggregate: every rank runs the (deterministic) server step on the same inputs, so server
    state stays identical everywhere without a broadcast;
 4. write back: each rank writes the new parameters of its own clients into their stored state;
-5. evaluate (every few rounds and at the end, all clients or a sample) and log; checkpoint.
+5. evaluate (every few rounds and at the end, all clients or a sample: ``evaluation.py``)
+   and log; checkpoint.
 
 Client modules are never wrapped in DistributedDataParallel: a client trains on one rank
 only. Fabric provides the processes, the device, autocast and the collectives. Nothing
@@ -28,12 +29,10 @@ import functools
 import json
 import math
 import os
-import random
 import re
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,10 +55,11 @@ from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.config import RunConfig
 from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
-from fedmtl.federated import checkpoint, health, stopping
+from fedmtl.federated import checkpoint, evaluation, health, pools, stopping
 from fedmtl.federated import rows as row_files
 from fedmtl.federated.client import ClientModule
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
+from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
@@ -78,6 +78,14 @@ from fedmtl.tasks import get_task
 
 def _interactive() -> bool:
     return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def timed(times: dict[str, float], phase: str) -> Iterator[None]:
+    """``times[phase]``: the seconds the block took."""
+    start = time.perf_counter()
+    yield
+    times[phase] = time.perf_counter() - start
 
 
 class Simulation:
@@ -194,10 +202,11 @@ class Simulation:
         personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
         return {**new_track(module.model), "personal": personal}
 
-    def _state(self, i: int) -> ClientState:
-        """Client ``i``'s stored state; a client that never trained nor received has none
-        stored and starts from its initial state, drawn again when it is needed."""
-        return self.store.get(i) if i in self.store else self._initial_state(i)
+    def _state(self, i: int, partly: bool = False) -> ClientState:
+        """Client ``i``'s stored state (``partly``: only a part of it will be read); a client
+        that never trained nor received has none stored and starts from its initial state,
+        drawn again when it is needed."""
+        return self.store.get(i, partly) if i in self.store else self._initial_state(i)
 
     def _materialise(self, i: int) -> tuple[ClientModule, ClientState]:
         """Client ``i``'s model on the device, holding its federated track; and its stored state."""
@@ -242,59 +251,36 @@ class Simulation:
 
     # ------------------------------------------------------------------ one round
 
-    def _round_buffers(self) -> dict[str, torch.Tensor]:
-        """This rank's rows of the round: its clients' encoders (unless streamed), then their
-        decoders in owner order, before training and as deltas. Written in place as clients
-        finish, so no client's parameters are held twice."""
-        n_enc = len(self.mine)
-        n_dec = sum(len(self.specs[i].tasks) for i in self.mine)
-        device = self.fabric.device
-        rows = {
-            "dec_prev": torch.empty(n_dec, self.dec_layout.numel, device=device),
-            "dec_delta": torch.empty(n_dec, self.dec_layout.numel, device=device),
-        }
+    def _round_pools(self) -> RoundPools:
+        """This rank's rows of the round: the encoders (unless streamed: row files), the
+        decoders and the shared head groups, before training and as deltas."""
+
+        def pool(name: str, layout: FlatLayout, owners: list[tuple[int, str]], part: pools.Part) -> Pool:
+            return Pool(name, layout, owners, part, self.ranks, self.fabric.global_rank, self.fabric.device)
+
+        encoders = None
         if not self.streamed:
-            rows["enc_prev"] = torch.empty(n_enc, self.enc_layout.numel, device=device)
-            rows["enc_delta"] = torch.empty(n_enc, self.enc_layout.numel, device=device)
-        for g, (_, _, owners) in enumerate(self.head_groups):
-            n_head = sum(1 for i in owners if i in self.mine)
-            rows[f"head{g}_prev"] = torch.empty(n_head, self.head_layouts[g].numel, device=device)
-            rows[f"head{g}_delta"] = torch.empty(n_head, self.head_layouts[g].numel, device=device)
-        return rows
+            encoders = pool(
+                "encoders", self.enc_layout, [(i, "") for i in range(len(self.specs))], pools.encoder_part
+            )
+        heads = [
+            pool(f"{dataset}/{task}", layout, [(i, task) for i in owners], pools.head_part)
+            for (dataset, task, owners), layout in zip(self.head_groups, self.head_layouts, strict=True)
+        ]
+        return RoundPools(encoders, pool("decoders", self.dec_layout, self.owners, pools.decoder_part), heads)
 
-    def _head_slots(self, i: int) -> list[tuple[str, int, int]]:
-        """(task, group, row in this rank's stack of the group) of each of client ``i``'s
-        exchanged heads (none unless the method shares heads)."""
-        slots = []
-        for task in self.specs[i].tasks:
-            if (i, task) in self._head_group:
-                g = self._head_group[(i, task)]
-                mine = [j for j in self.head_groups[g][2] if j in self.mine]
-                slots.append((task, g, mine.index(i)))
-        return slots
-
-    def _train_client(
-        self, i: int, rows: dict[str, torch.Tensor], enc_row: int, dec_rows: slice, takes_part: bool
-    ) -> tuple[torch.Tensor, int, float]:
+    def _train_client(self, i: int, rows: RoundPools, takes_part: bool) -> tuple[torch.Tensor, int, float]:
         """Local training of client ``i`` (the method's ``local_update``): writes its rows of
-        parameters before training and of deltas (a streamed round: its encoder row file);
+        parameters before training and of deltas (a streamed round: its encoder row files);
         returns its mean losses [LOSS_COLUMNS], the :mod:`~fedmtl.federated.health` mask of what
         diverged (NaN/inf, or an exploding update: beyond ``update_norm_limit``) and the largest
         growth of its parts. A client that sits the round out, or whose update diverged, writes
         zero deltas (no row file) and keeps the state it started the round with."""
         spec = self.specs[i]
         module, state = self._materialise(i)
-        decoders = [module.model.decoders[t] for t in spec.tasks]
         enc_prev = self.enc_layout.flatten(module.model.encoder)
-        if not self.streamed:
-            rows["enc_prev"][enc_row] = enc_prev
-            rows["enc_delta"][enc_row] = 0
-        rows["dec_prev"][dec_rows] = self.dec_layout.stack(decoders)
-        rows["dec_delta"][dec_rows] = 0
-        heads = self._head_slots(i)
-        for task, g, r in heads:
-            rows[f"head{g}_prev"][r] = self.head_layouts[g].flatten(module.model.heads[task])
-            rows[f"head{g}_delta"][r] = 0
+        for pool in rows:
+            pool.start(i, module.model)
         if not takes_part:
             if self.streamed:
                 self._write_rows(i, enc_prev, None)
@@ -306,41 +292,26 @@ class Simulation:
         losses = self.method.local_update(self._context(i, module, state))
         module.model.load_state_dict(state["model"])  # the federated track (a method may train others)
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
-        if bad:
+        grown = 0.0
+        if not bad:
+            enc_trained = self.enc_layout.flatten(module.model.encoder)
+            for pool in rows:
+                pool.finish(i, module.model)
+            if limit is not None:
+                growths = self._growths(i, rows.decoders, module, (enc_prev, enc_trained), heads_before)
+                bad = health.exploding_parts(growths, limit)
+                if bad:
+                    grown = max(growths)
+                    for pool in rows:
+                        pool.drop(i)
+        if bad:  # NaN/inf or exploding: no delta, and the state it started the round with
             if kept is not None:
                 self.store.put(i, kept)  # a disk store still holds the round-start file
             if self.streamed:
                 self._write_rows(i, enc_prev, None)
-            return losses, bad, 0.0
-        enc_trained = self.enc_layout.flatten(module.model.encoder)
-        enc_delta = enc_trained - enc_prev
-        rows["dec_delta"][dec_rows] = self.dec_layout.stack(decoders)
-        rows["dec_delta"][dec_rows] -= rows["dec_prev"][dec_rows]
-        for task, g, r in heads:
-            rows[f"head{g}_delta"][r] = self.head_layouts[g].flatten(module.model.heads[task])
-            rows[f"head{g}_delta"][r] -= rows[f"head{g}_prev"][r]
-        if limit is not None:
-            # The encoder, then each task's decoder with its head, against where it started.
-            heads_after = [self._head_vector(module, t) for t in spec.tasks]
-            dec_prev, dec_delta = rows["dec_prev"][dec_rows], rows["dec_delta"][dec_rows]
-            growths = [health.growth([enc_prev], [enc_delta])] + [
-                health.growth([dec_prev[k], before], [dec_delta[k], after - before])
-                for k, (before, after) in enumerate(zip(heads_before, heads_after, strict=True))
-            ]
-            exploding = health.exploding_parts(growths, limit)
-            if exploding:  # as a NaN update: no delta, and the state it started the round with
-                rows["dec_delta"][dec_rows] = 0
-                for _, g, r in heads:
-                    rows[f"head{g}_delta"][r] = 0
-                if kept is not None:
-                    self.store.put(i, kept)  # a disk store still holds the round-start file
-                if self.streamed:
-                    self._write_rows(i, enc_prev, None)
-                return losses, exploding, max(growths)
+            return losses, bad, grown
         if self.streamed:
             self._write_rows(i, enc_prev, enc_trained)
-        else:
-            rows["enc_delta"][enc_row] = enc_delta
         self.store.put(i, state)
         return losses, 0, 0.0
 
@@ -357,31 +328,42 @@ class Simulation:
             row = self.method.encoder_row(name, prev, trained, self.enc_layout)
             row_files.write_row(folder, i, name, row)
 
+    def _growths(
+        self,
+        i: int,
+        decoders: Pool,
+        module: ClientModule,
+        encoder: tuple[torch.Tensor, torch.Tensor],
+        heads_before: list[torch.Tensor],
+    ) -> list[float]:
+        """How much client ``i``'s encoder (before, after), then each task's decoder with its
+        head, grew against where it started (:func:`~fedmtl.federated.health.growth`)."""
+        heads_after = [self._head_vector(module, t) for t in self.specs[i].tasks]
+        before, after = encoder
+        return [health.growth([before], [after - before])] + [
+            health.growth([decoders.prev[k], head], [decoders.delta[k], head_after - head])
+            for (k, _), head, head_after in zip(decoders.rows_of(i), heads_before, heads_after, strict=True)
+        ]
+
     @staticmethod
     def _head_vector(module: ClientModule, task: str) -> torch.Tensor:
         """A task head's parameters as one flat copy (heads are small)."""
         return torch.cat([p.detach().flatten().float() for p in module.model.heads[task].parameters()])
 
-    def _train_round(
-        self, participants: list[int] | None
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def _train_round(self, participants: list[int] | None) -> tuple[RoundPools, torch.Tensor, torch.Tensor]:
         """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and divergence
         [N, 2]: each client's health mask and largest growth (zero for other ranks' clients)."""
-        rows = self._round_buffers()
+        rows = self._round_pools()
         if self.streamed:
             names = self.method.encoder_rows(self.round)
             row_files.start_round(self.rows_dir, self.round, self.mine, names, self.fabric.global_rank == 0)
         losses = torch.zeros(len(self.specs), LOSS_COLUMNS, dtype=torch.float64)
         bad = torch.zeros(len(self.specs), 2, dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
-        dec_start = 0
         bar = tqdm(self.mine, desc=f"round {self.round} clients", leave=False, disable=not self._bars)
-        for enc_row, i in enumerate(bar):
-            n_tasks = len(self.specs[i].tasks)
-            dec_rows = slice(dec_start, dec_start + n_tasks)
-            losses[i], mask, grown = self._train_client(i, rows, enc_row, dec_rows, i in taking_part)
+        for i in bar:
+            losses[i], mask, grown = self._train_client(i, rows, i in taking_part)
             bad[i] = torch.tensor([mask, grown], dtype=torch.float64)
-            dec_start += n_tasks
         return rows, losses, bad
 
     def _drop_nonfinite(self, bad: torch.Tensor, participants: list[int] | None) -> list[int]:
@@ -445,55 +427,27 @@ class Simulation:
             )
         return dropped
 
-    def _gather(self, local: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """Every rank's rows in client order; ``local`` holds this rank's, ``counts[i]`` rows
-        per client. Ranks own different numbers of rows, so each pads to the largest share."""
-        if self.world == 1:
-            return local
-        per_rank = [
-            sum(c for c, r in zip(counts, self.ranks, strict=True) if r == rank) for rank in range(self.world)
-        ]
-        padded = torch.zeros(max(per_rank), local.shape[1], device=local.device, dtype=local.dtype)
-        padded[: len(local)] = local
-        with warnings.catch_warnings():  # Lightning calls a torch API that warns on every rank
-            warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
-            gathered = self.fabric.all_gather(padded)  # [world, max rows, D]
-        cursor = [0] * self.world
-        out = []
-        for count, rank in zip(counts, self.ranks, strict=True):
-            out.append(gathered[rank, cursor[rank] : cursor[rank] + count])
-            cursor[rank] += count
-        return torch.cat(out)
-
-    def _exchange(self, rows: dict[str, torch.Tensor], participants: list[int] | None) -> RoundInput:
-        enc_counts = [1] * len(self.specs)
-        dec_counts = [len(s.tasks) for s in self.specs]
-        streamed = self.streamed  # the encoders stay in their row files
+    def _exchange(self, rows: RoundPools, participants: list[int] | None) -> RoundInput:
+        """Every rank's rows, gathered into the server's input (a streamed round's encoders
+        stay in their row files)."""
+        encoders = rows.encoders.gather(self.fabric) if rows.encoders is not None else (None, None)
+        decoders = rows.decoders.gather(self.fabric)
+        heads = []
+        for (dataset, task, owners), pool in zip(self.head_groups, rows.heads, strict=True):
+            prev, deltas = pool.gather(self.fabric)
+            heads.append(HeadGroup(dataset, task, pool.layout, owners, prev=prev, deltas=deltas))
         return RoundInput(
             round=self.round,
             clients=self.clients,
             encoder_layout=self.enc_layout,
-            encoders_prev=None if streamed else self._gather(rows.pop("enc_prev"), enc_counts),
-            encoder_deltas=None if streamed else self._gather(rows.pop("enc_delta"), enc_counts),
+            encoders_prev=encoders[0],
+            encoder_deltas=encoders[1],
             decoder_layout=self.dec_layout,
             decoder_owners=self.owners,
-            decoders_prev=self._gather(rows.pop("dec_prev"), dec_counts),
-            decoder_deltas=self._gather(rows.pop("dec_delta"), dec_counts),
+            decoders_prev=decoders[0],
+            decoder_deltas=decoders[1],
             participants=None if participants is None else tuple(participants),
-            heads=[self._head_group_input(g, rows) for g in range(len(self.head_groups))],
-        )
-
-    def _head_group_input(self, g: int, rows: dict[str, torch.Tensor]) -> HeadGroup:
-        """Head group ``g`` gathered from every rank (a client holds one row of it, or none)."""
-        dataset, task, owners = self.head_groups[g]
-        counts = [int(i in owners) for i in range(len(self.specs))]
-        return HeadGroup(
-            dataset,
-            task,
-            self.head_layouts[g],
-            owners,
-            prev=self._gather(rows.pop(f"head{g}_prev"), counts),
-            deltas=self._gather(rows.pop(f"head{g}_delta"), counts),
+            heads=heads,
         )
 
     def _aggregate(self, inputs: RoundInput) -> RoundOutput:
@@ -502,7 +456,7 @@ class Simulation:
             return self.method.aggregate(inputs)
         folder = row_files.round_folder(self.rows_dir, self.round)
         encoders = {
-            name: row_files.FileRows(name, folder, self.enc_layout.numel, len(self.specs))
+            name: row_files.FileRows(name, folder, self.enc_layout.numel, len(self.specs), owned=self.mine)
             for name in self.method.encoder_rows(self.round)
         }
         return self.method.aggregate_streamed(inputs, encoders)
@@ -627,7 +581,7 @@ class Simulation:
             for i in [i for i in self.mine if i in chosen]:
                 if i not in self._val_data:
                     self._val_data[i] = self._dataset(i, "val")
-                state = self._state(i)
+                state = self._state(i, partly=True)  # the evaluated models, not the optimiser state
                 module = self._module(i)
                 for label, model_state in self.method.evaluated_models(state).items():
                     present[self.labels.index(label)] += 1
@@ -654,29 +608,13 @@ class Simulation:
         }
 
     def _evaluated_clients(self) -> list[int] | None:
-        """The clients this round's evaluation covers: ``evaluation.clients`` of them, a sample
-        drawn once from the run's seed, except in the last round (None: every client)."""
-        count = self.cfg.evaluation.clients
-        if count is None or count >= len(self.specs) or self.round == self.cfg.rounds:
-            return None
-        draw = random.Random(derive_seed(self.cfg.seed, "evaluation", "clients"))
-        return sorted(draw.sample(range(len(self.specs)), count))
+        """The clients this round's evaluation covers (None: every client)."""
+        last = self.round == self.cfg.rounds
+        return evaluation.sampled_clients(self.cfg.evaluation.clients, len(self.specs), self.cfg.seed, last)
 
-    def _task_summary(self, table: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        """Per dataset and task: the mean and (population) standard deviation of the metric
-        over the clients in ``table`` ({client: {task: value}}) whose value is a number."""
-        values: dict[str, list[float]] = {}
-        dataset = {s.name: s.dataset for s in self.specs}
-        for client, metrics in table.items():
-            for task, value in metrics.items():
-                if not math.isnan(value):
-                    values.setdefault(f"{dataset[client]}/{task}", []).append(value)
-        out = {}
-        for key, numbers in values.items():
-            mean = sum(numbers) / len(numbers)
-            std = math.sqrt(sum((v - mean) ** 2 for v in numbers) / len(numbers))
-            out[key] = {"mean": mean, "std": std, "clients": len(numbers)}
-        return out
+    @property
+    def _datasets_of(self) -> dict[str, str]:
+        return {s.name: s.dataset for s in self.specs}
 
     # ------------------------------------------------------------------ the run
 
@@ -737,75 +675,71 @@ class Simulation:
                 checkpoint.publish(self.run_dir, self.round, server)
 
     def _round(self) -> tuple[dict[str, float], dict[str, dict[str, dict[str, float]]] | None]:
-        """One round on this rank: train, exchange, aggregate, maybe evaluate. Returns the
-        scalars to log and the evaluation results (None when not evaluated this round)."""
-        timings: dict[str, float] = {}
+        """One round on this rank: train → exchange → aggregate → write back (→ finish, after
+        the last) → evaluate (on evaluation rounds). Returns the scalars to log and the
+        evaluation results (None when not evaluated this round)."""
+        times: dict[str, float] = {}
         participants = self.method.participants(self.round)
-        start = time.perf_counter()
-        with self._phase():  # a stop request or a failed write ends the round here, on every rank
-            rows, loss_table, bad = self._train_round(participants)
-        timings["train"] = time.perf_counter() - start
+        with timed(times, "train"), self._phase():  # a stop request or a failed write ends the round here
+            rows, losses, bad = self._train_round(participants)
+        with timed(times, "exchange"):
+            losses, dropped, participants = self._settle(losses, bad, participants)
+            inputs = self._exchange(rows, participants)
+        with timed(times, "aggregate"):
+            output = self._aggregate(inputs)
+            output.check_against(inputs)
+            self._check_output(output)
+        with timed(times, "write_back"), self._phase(stop=False):  # a stop request waits for the round's end
+            self._write_back(output, skip=dropped)
+        del rows, inputs, output
+        if self.round == self.cfg.rounds and self.method.finishes:
+            with timed(times, "finish"), self._phase():
+                self._finish_clients()
+        values = self._training_values(losses, participants, dropped)
+        results = None
+        every = self.cfg.evaluation.every
+        if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
+            with timed(times, "eval"):
+                results = self.evaluate(self._evaluated_clients())
+                self._agree()  # a stop requested during the evaluation: its numbers are not logged
+            values |= evaluation.logged_values(results, self.labels, self._datasets_of)
+        values |= {f"server/{k}": v for k, v in self.method.log_values().items()}
+        values |= {f"time/{k}": v for k, v in times.items()}
+        return values, results
 
-        start = time.perf_counter()
-        table = torch.cat([loss_table, bad], dim=1).to(self.fabric.device)
+    def _settle(
+        self, losses: torch.Tensor, bad: torch.Tensor, participants: list[int] | None
+    ) -> tuple[torch.Tensor, list[int], list[int] | None]:
+        """Every rank's losses and divergence summed into one table; the ``nonfinite`` policy
+        applied. Returns the losses, the dropped clients and the server step's participants: a
+        dropped client is a non-participant, its rows its round-start parameters and zero deltas."""
+        table = torch.cat([losses, bad], dim=1).to(self.fabric.device)
         table = self._sum_over_ranks(table).cpu()
-        loss_table, bad = table[:, :-2], table[:, -2:]
+        losses, bad = table[:, :-2], table[:, -2:]
         dropped = self._drop_nonfinite(bad, participants)
-        # A dropped client is a non-participant of the server step: its rows hold its
-        # round-start parameters and zero deltas (RoundInput.participants).
         if dropped:
             taking_part = range(len(self.specs)) if participants is None else participants
             participants = [i for i in taking_part if i not in dropped]
-        inputs = self._exchange(rows, participants)
-        timings["exchange"] = time.perf_counter() - start
+        return losses, dropped, participants
 
-        start = time.perf_counter()
-        output = self._aggregate(inputs)
-        output.check_against(inputs)
-        self._check_output(output)
-        timings["aggregate"] = time.perf_counter() - start
-        start = time.perf_counter()
-        with self._phase(stop=False):  # a stop request waits for the round's end (or evaluation)
-            self._write_back(output, skip=dropped)
-        timings["write_back"] = time.perf_counter() - start
-        del rows, inputs, output
-        if self.round == self.cfg.rounds:
-            start = time.perf_counter()
-            with self._phase():
-                self._finish_clients()
-            timings["finish"] = time.perf_counter() - start
-
+    def _training_values(
+        self, losses: torch.Tensor, participants: list[int] | None, dropped: list[int]
+    ) -> dict[str, float]:
+        """The round's training scalars: each participant's losses, the participants and the
+        dropped updates."""
         values: dict[str, float] = {}
         for i, spec in enumerate(self.specs):
             if participants is not None and i not in participants:
                 continue
-            values[f"train/{spec.name}/loss"] = float(loss_table[i, TOTAL_SLOT])
+            values[f"train/{spec.name}/loss"] = float(losses[i, TOTAL_SLOT])
             for task in spec.tasks:
-                values[f"train/{spec.name}/{task}_loss"] = float(loss_table[i, TASK_SLOTS[task]])
-            if loss_table[i, PENALTY_SLOT] != 0:
-                values[f"train/{spec.name}/penalty"] = float(loss_table[i, PENALTY_SLOT])
+                values[f"train/{spec.name}/{task}_loss"] = float(losses[i, TASK_SLOTS[task]])
+            if losses[i, PENALTY_SLOT] != 0:
+                values[f"train/{spec.name}/penalty"] = float(losses[i, PENALTY_SLOT])
         if participants is not None:
             values["server/participants"] = float(len(participants))
         values["server/dropped_updates"] = float(len(dropped))
-        every = self.cfg.evaluation.every
-        results = None
-        if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
-            start = time.perf_counter()
-            results = self.evaluate(self._evaluated_clients())
-            self._agree()  # a stop requested during the evaluation: its numbers are not logged
-            timings["eval"] = time.perf_counter() - start
-            for label, table in results.items():
-                prefix = "val" if label == self.labels[0] else f"val_{label}"
-                for name, metrics in table.items():
-                    for task, value in metrics.items():
-                        values[f"{prefix}/{name}/{task}_{get_task(task).metric_name}"] = value
-                for key, stats in self._task_summary(table).items():  # across clients
-                    metric = f"{key}_{get_task(key.split('/')[1]).metric_name}"
-                    values[f"{prefix}_mean/{metric}"] = stats["mean"]
-                    values[f"{prefix}_std/{metric}"] = stats["std"]
-        values.update({f"server/{k}": v for k, v in self.method.log_values().items()})
-        values.update({f"time/{k}": v for k, v in timings.items()})
-        return values, results
+        return values
 
     def fit(self) -> dict[str, Any]:
         """Rounds from the first not yet done to ``cfg.rounds``; writes results.json."""
@@ -907,7 +841,7 @@ class Simulation:
             "clients": table(self.labels[0]),
             "server": self.method.log_values(),
             # Per dataset and task, across clients: mean, standard deviation, clients counted
-            "tasks": self._task_summary(results.get(self.labels[0], {})),
+            "tasks": evaluation.task_summary(results.get(self.labels[0], {}), self._datasets_of),
         }
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}

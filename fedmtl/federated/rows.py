@@ -72,13 +72,21 @@ def start_round(
 class FileRows(EncoderRows):
     """Row ``name`` of clients 0..N-1 in ``folder``. A client without a file reads as zeros (it
     did not train this round; a method weighs only those that did, unless it asks for every
-    client's rows)."""
+    client's rows). Rows it makes (:meth:`EncoderRows.mix`) are written for the clients
+    ``owned`` (this rank's: each rank computes every row, and writes back only its own)."""
 
     def __init__(
-        self, name: str, folder: Path, numel: int, num_rows: int, block_columns: int | None = None
+        self,
+        name: str,
+        folder: Path,
+        numel: int,
+        num_rows: int,
+        owned: Sequence[int] | None = None,
+        block_columns: int | None = None,
     ) -> None:
         super().__init__(name, num_rows, numel, block_columns)
         self.folder = Path(folder)
+        self.owned = list(range(num_rows)) if owned is None else list(owned)
 
     def read(self, rows: Sequence[int], columns: slice) -> Tensor:
         width = columns.stop - columns.start
@@ -99,7 +107,7 @@ class FileRows(EncoderRows):
 
     def write(self, name: str, columns: slice, block: Tensor) -> None:
         data = block.detach().to("cpu", torch.float32).contiguous().numpy()
-        for client in range(self.num_rows):
+        for client in self.owned:
             path = row_path(self.folder, client, name)
             with writing(path, needed=data[client].nbytes):
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)

@@ -42,6 +42,7 @@ RESUMABLE_FIELDS = (
     "accelerator",
     "cpu_threads",
     "store",
+    "aggregation",  # stacked or streamed: the same parameters up to float rounding, as cpu_threads
     "checkpoint_every",
     "nonfinite",
     "update_norm_limit",

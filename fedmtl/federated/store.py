@@ -160,16 +160,17 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
 
 
-def safe_load(path: str | Path) -> Any:
+def safe_load(path: str | Path, mmap: bool = False) -> Any:
     """Read a file :func:`atomic_save` wrote; a missing, truncated, corrupt or foreign file is
-    one line naming it (FileNotFoundError / ValueError), never torch's multi-line traceback."""
+    one line naming it (FileNotFoundError / ValueError), never torch's multi-line traceback.
+    ``mmap``: tensors map the file and are read when used (a reader that needs a part of it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; resume from another checkpoint or start a new run")
     try:
         with warnings.catch_warnings():  # e.g. torch's note on pickle protocols: the error says enough
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises anything from EOFError to UnpicklingError on a bad file
         with open(path, "rb") as f:
             head = f.read(1024)
@@ -217,10 +218,12 @@ class ClientStore:
             # while the next client trains. A checkpoint that links the file syncs it.
             atomic_save(state, self._path(client), durable=False)
 
-    def get(self, client: int) -> ClientState:
+    def get(self, client: int, partly: bool = False) -> ClientState:
+        """``client``'s state; ``partly``: the caller reads only a part of it (the model, to
+        evaluate it), so a disk store maps the file instead of reading all of it."""
         if self.kind == "memory":
             return self._states[client]
-        return safe_load(self._path(client))
+        return safe_load(self._path(client), mmap=partly)
 
     def file_of(self, client: int) -> Path | None:
         """The file holding ``client``'s state (a disk store that has one), else None."""

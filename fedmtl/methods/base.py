@@ -247,6 +247,12 @@ class Method(Aggregator):
             head = ctx.model.heads[task]
             FlatLayout.from_module(head).assign(head, row)
 
+    @property
+    def finishes(self) -> bool:
+        """Whether :meth:`finish` does anything: the engine skips the pass over every client
+        (a read and a write of each state) for a method that does not."""
+        return type(self).finish is not Method.finish
+
     def finish(self, ctx: ClientContext) -> None:
         """After the last round's aggregation, before the final evaluation (FedBABU's
         fine-tuning). Must not change the federated track. Default: nothing."""

@@ -212,6 +212,10 @@ class FedDEA(Method):
     def receive_heads(self, ctx: ClientContext, heads: Mapping[str, Tensor]) -> None:
         self.host.receive_heads(ctx, heads)
 
+    @property
+    def finishes(self) -> bool:
+        return self.host.finishes
+
     def finish(self, ctx: ClientContext) -> None:
         self.host.finish(ctx)
 

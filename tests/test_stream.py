@@ -152,6 +152,13 @@ def _round(round_: int, participants=None, heads=False, seed=0) -> tuple[RoundIn
     return inputs, enc_prev + enc_delta
 
 
+def _stripped(inputs: RoundInput) -> RoundInput:
+    """``inputs`` as a streamed round sees them: without encoder stacks."""
+    stripped = copy.copy(inputs)
+    stripped.encoders_prev = stripped.encoder_deltas = None
+    return stripped
+
+
 def _streamed(method, inputs: RoundInput, trained: torch.Tensor):
     """The streamed step on ``inputs`` (the rows the method names, made by the method from each
     client's prev and trained encoder) and the encoders it gives each client."""
@@ -169,8 +176,7 @@ def _streamed(method, inputs: RoundInput, trained: torch.Tensor):
         )
         for name in method.encoder_rows(inputs.round)
     }
-    stripped = copy.copy(inputs)
-    stripped.encoders_prev = stripped.encoder_deltas = None
+    stripped = _stripped(inputs)
     output = method.aggregate_streamed(stripped, rows)
     output.check_against(stripped)
     own = {"trained": trained} | {name: r.stack for name, r in rows.items()}
@@ -263,8 +269,7 @@ def test_a_method_without_a_streamed_step_says_so():
 
 def test_a_streamed_output_must_be_a_mix_of_every_client():
     inputs, trained = _round(1)
-    stripped = copy.copy(inputs)
-    stripped.encoders_prev = stripped.encoder_deltas = None
+    stripped = _stripped(inputs)
     output = create_method("FedAvg").aggregate(inputs)
     with pytest.raises(ValueError, match="must be an EncoderMix of one row per client"):
         output.check_against(stripped)
@@ -272,8 +277,7 @@ def test_a_streamed_output_must_be_a_mix_of_every_client():
 
 def test_rows_the_method_did_not_name_are_not_there():
     inputs, trained = _round(1)
-    stripped = copy.copy(inputs)
-    stripped.encoders_prev = stripped.encoder_deltas = None
+    stripped = _stripped(inputs)
     with pytest.raises(KeyError, match="trained"):
         create_method("FedAvg").aggregate_streamed(
             stripped, {"delta": StackedRows("delta", inputs.encoder_deltas)}

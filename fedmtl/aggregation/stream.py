@@ -4,7 +4,7 @@ A round's encoder rows are N × P numbers (N clients, P encoder parameters: 2.3 
 default backbone, 28 M for Swin-T); stacked, with their deltas and the output, they are what
 limits how many clients fit in memory. A method that *streams* (``Method.streams``) names the
 rows of each client's encoder it needs (``Method.encoder_rows``: ``"trained"`` θ^(r-1) + Δ,
-``"delta"`` Δ, ``"prev"`` θ^(r-1), or one it makes, such as FedDEA's masked update) and takes
+``"delta"`` Δ, ``"prev"`` θ^(r-1); FedDEA gives the first two of its masked update) and takes
 them as :class:`EncoderRows`, through reductions that each make one pass over the rows, a
 block of columns at a time:
 
@@ -34,9 +34,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-#: Rows every method can ask for; a method may make others (``Method.encoder_row``).
-ROWS = ("trained", "delta", "prev")
 
 #: Bytes of one float64 block of rows: N × columns × 8 stays about this size.
 BLOCK_BYTES = 256 * 2**20
@@ -153,8 +150,9 @@ class EncoderMix:
 
     ``vectors`` [G, P] are the few shared vectors (group means, Ũ), ``mixing`` [N, G] float64;
     ``own`` maps a row name to each client's coefficient of its own row of that name, [N]
-    float64: ``"trained"`` is the encoder the client trained (its model holds it), other names
-    are rows of the round (``"delta"``, or one :meth:`EncoderRows.mix` made). A client whose
+    float64: ``"trained"`` is the encoder the client trained (its model holds it, not a row
+    file: for FedDEA, unmasked), other names are rows of the round (``"delta"``, or one
+    :meth:`EncoderRows.mix` made, FedAMP's ``"cloud"``). A client whose
     only coefficient is 1 on ``"trained"`` keeps what it trained.
     """
 

@@ -112,7 +112,6 @@ class Simulation:
         # One dataset per (dataset, tasks, split), read and checked once; clients take subsets.
         self._datasets: dict[tuple[str, tuple[str, ...], str], DenseDataset] = {}
         self._train_data = {i: self._dataset(i, "train") for i in self.mine}
-        self._val_data: dict[int, DenseDataset] = {}
         counts = self._num_samples()
         self.clients = [
             ClientInfo(s.name, s.dataset, s.tasks, num_samples=counts[i]) for i, s in enumerate(self.specs)
@@ -255,19 +254,17 @@ class Simulation:
         """This rank's rows of the round: the encoders (unless streamed: row files), the
         decoders and the shared head groups, before training and as deltas."""
 
-        def pool(name: str, layout: FlatLayout, owners: list[tuple[int, str]], part: pools.Part) -> Pool:
-            return Pool(name, layout, owners, part, self.ranks, self.fabric.global_rank, self.fabric.device)
+        def pool(layout: FlatLayout, owners: list[tuple[int, str]], part: pools.Part) -> Pool:
+            return Pool(layout, owners, part, self.ranks, self.fabric.global_rank, self.fabric.device)
 
         encoders = None
         if not self.streamed:
-            encoders = pool(
-                "encoders", self.enc_layout, [(i, "") for i in range(len(self.specs))], pools.encoder_part
-            )
+            encoders = pool(self.enc_layout, [(i, "") for i in range(len(self.specs))], pools.encoder_part)
         heads = [
-            pool(f"{dataset}/{task}", layout, [(i, task) for i in owners], pools.head_part)
-            for (dataset, task, owners), layout in zip(self.head_groups, self.head_layouts, strict=True)
+            pool(layout, [(i, task) for i in owners], pools.head_part)
+            for (_, task, owners), layout in zip(self.head_groups, self.head_layouts, strict=True)
         ]
-        return RoundPools(encoders, pool("decoders", self.dec_layout, self.owners, pools.decoder_part), heads)
+        return RoundPools(encoders, pool(self.dec_layout, self.owners, pools.decoder_part), heads)
 
     def _train_client(self, i: int, rows: RoundPools, takes_part: bool) -> tuple[torch.Tensor, int, float]:
         """Local training of client ``i`` (the method's ``local_update``): writes its rows of
@@ -275,12 +272,14 @@ class Simulation:
         returns its mean losses [LOSS_COLUMNS], the :mod:`~fedmtl.federated.health` mask of what
         diverged (NaN/inf, or an exploding update: beyond ``update_norm_limit``) and the largest
         growth of its parts. A client that sits the round out, or whose update diverged, writes
-        zero deltas (no row file) and keeps the state it started the round with."""
+        zero deltas (no row file, unless the method reads every client's rows) and keeps the
+        state it started the round with."""
         spec = self.specs[i]
         module, state = self._materialise(i)
-        enc_prev = self.enc_layout.flatten(module.model.encoder)
         for pool in rows:
             pool.start(i, module.model)
+        # The encoder before training: its pool row, or (streamed: no encoder pool) a flat copy.
+        enc_prev = rows.encoders.row(i)[0] if rows.encoders else self.enc_layout.flatten(module.model.encoder)
         if not takes_part:
             if self.streamed:
                 self._write_rows(i, enc_prev, None)
@@ -294,11 +293,15 @@ class Simulation:
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
         grown = 0.0
         if not bad:
-            enc_trained = self.enc_layout.flatten(module.model.encoder)
             for pool in rows:
                 pool.finish(i, module.model)
+            if rows.encoders:
+                enc_delta = rows.encoders.row(i)[1]
+            else:
+                enc_trained = self.enc_layout.flatten(module.model.encoder)
+                enc_delta = enc_trained - enc_prev
             if limit is not None:
-                growths = self._growths(i, rows.decoders, module, (enc_prev, enc_trained), heads_before)
+                growths = self._growths(i, rows.decoders, module, (enc_prev, enc_delta), heads_before)
                 bad = health.exploding_parts(growths, limit)
                 if bad:
                     grown = max(growths)
@@ -336,11 +339,11 @@ class Simulation:
         encoder: tuple[torch.Tensor, torch.Tensor],
         heads_before: list[torch.Tensor],
     ) -> list[float]:
-        """How much client ``i``'s encoder (before, after), then each task's decoder with its
+        """How much client ``i``'s encoder (before, delta), then each task's decoder with its
         head, grew against where it started (:func:`~fedmtl.federated.health.growth`)."""
         heads_after = [self._head_vector(module, t) for t in self.specs[i].tasks]
-        before, after = encoder
-        return [health.growth([before], [after - before])] + [
+        before, delta = encoder
+        return [health.growth([before], [delta])] + [
             health.growth([decoders.prev[k], head], [decoders.delta[k], head_after - head])
             for (k, _), head, head_after in zip(decoders.rows_of(i), heads_before, heads_after, strict=True)
         ]
@@ -579,8 +582,6 @@ class Simulation:
         with contextlib.suppress(stopping.Abandoned):
             chosen = set(evaluated)
             for i in [i for i in self.mine if i in chosen]:
-                if i not in self._val_data:
-                    self._val_data[i] = self._dataset(i, "val")
                 state = self._state(i, partly=True)  # the evaluated models, not the optimiser state
                 module = self._module(i)
                 for label, model_state in self.method.evaluated_models(state).items():
@@ -590,7 +591,7 @@ class Simulation:
                         continue
                     module.model.load_state_dict(model_state)
                     module.eval()
-                    loader = self._loader(self._val_data[i], self.cfg.evaluation.batch_size, None)
+                    loader = self._loader(self._dataset(i, "val"), self.cfg.evaluation.batch_size, None)
                     for batch in self.trainer.batches(loader):
                         with self.fabric.autocast():
                             module.validation_step(batch)

@@ -40,7 +40,6 @@ class Pool:
     """Rows ``owners`` (client, task) of ``layout``, in the server's order; this rank holds the
     rows of the clients ``ranks`` assigns to it, in the same order."""
 
-    name: str  # "encoders", "decoders", or a head group's dataset/task
     layout: FlatLayout
     owners: list[tuple[int, str]]  # an encoder row's task is ""
     part: Part
@@ -62,6 +61,11 @@ class Pool:
     def rows_of(self, client: int) -> list[tuple[int, str]]:
         """(row on this rank, task) of each of ``client``'s rows."""
         return self._local.get(client, [])
+
+    def row(self, client: int) -> tuple[Tensor, Tensor]:
+        """(prev, delta) of the client's only row (a pool of one row per client: the encoders)."""
+        [(k, _)] = self.rows_of(client)
+        return self.prev[k], self.delta[k]
 
     def start(self, client: int, model: nn.Module) -> None:
         """The client's rows before training, with zero deltas (until :meth:`finish`)."""

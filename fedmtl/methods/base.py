@@ -183,7 +183,7 @@ class Method(Aggregator):
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         """The rows of each client's encoder the streamed step of round ``round_`` reads, by
-        name (:data:`~fedmtl.aggregation.stream.ROWS`, or one :meth:`encoder_row` makes)."""
+        name: ``"trained"``, ``"delta"``, ``"prev"``, as :meth:`encoder_row` makes them."""
         raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
 
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:

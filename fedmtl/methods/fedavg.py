@@ -122,11 +122,12 @@ class FedAvg(Method):
 
     def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         participating = inputs.participating_clients
-        if self.encoder_scope == "cluster":  # clustered on the Gram matrix of the trained rows
-            clusters = self._clusters_of(lambda: encoders["trained"].gram(rows=participating), participating)
-            groups: Groups = {f"cluster{j}": (cluster, cluster) for j, cluster in enumerate(clusters)}
-        else:
-            groups = self._groups(self.encoder_scope, self._encoder_keys(inputs), participating)
+        groups = self._scope_groups(
+            self.encoder_scope,
+            self._encoder_keys(inputs),
+            participating,
+            lambda: encoders["trained"].gram(rows=participating),  # clusters on the trained rows
+        )
         mix = self._stream_groups(groups, encoders, inputs)
         return RoundOutput(encoders=mix, decoders=self._decoders(inputs), heads=self._heads(inputs))
 
@@ -201,20 +202,24 @@ class FedAvg(Method):
         num_samples: list[int],
     ) -> Tensor:
         """One pool's new rows: the scope's groups of rows, combined by :meth:`_combine`."""
-        if scope == "cluster":
-            groups: Groups = {
-                f"cluster{j}": (cluster, cluster)
-                for j, cluster in enumerate(self._clusters(prev, deltas, participating))
-            }
-        else:
-            groups = self._groups(scope, keys, participating)
+
+        def gram() -> Tensor:  # of the participating rows' trained parameters
+            return gram_matrix(prev[participating] + deltas[participating]).cpu()
+
+        groups = self._scope_groups(scope, keys, participating, gram)
         return self._combine(pool, prev, deltas, groups, num_samples)
 
-    @staticmethod
-    def _groups(scope: Scope, keys: Sequence[str], participating: list[int]) -> Groups:
-        """The groups of an ``all``, ``same_task`` or ``none`` scope over rows with ``keys``."""
+    def _scope_groups(
+        self, scope: Scope, keys: Sequence[str], participating: list[int], gram: Callable[[], Tensor]
+    ) -> Groups:
+        """The groups of a scope over rows with ``keys``; a ``cluster`` scope clusters the
+        participating rows on ``gram()``, the Gram matrix of their trained parameters (asked for
+        only when there is something to cluster)."""
         groups: Groups = {}
-        if scope == "all":
+        if scope == "cluster":
+            for j, cluster in enumerate(self._clusters(gram, participating)):
+                groups[f"cluster{j}"] = (cluster, cluster)
+        elif scope == "all":
             groups["all"] = (list(participating), list(range(len(keys))))
         elif scope == "same_task":
             taking_part = set(participating)
@@ -234,15 +239,8 @@ class FedAvg(Method):
         weights = num_samples if self.weighted else None
         return group_means_to(prev, deltas, list(groups.values()), weights)
 
-    def _clusters(self, prev: Tensor, deltas: Tensor, participating: list[int]) -> list[list[int]]:
-        """MaT-FL's clusters of the participating rows, as row indices."""
-        return self._clusters_of(
-            lambda: gram_matrix(prev[participating] + deltas[participating]).cpu(), participating
-        )
-
-    def _clusters_of(self, gram: Callable[[], Tensor], participating: list[int]) -> list[list[int]]:
-        """The clusters of the participating rows from ``gram()``, the Gram matrix of their
-        trained parameters (asked for only when there is something to cluster)."""
+    def _clusters(self, gram: Callable[[], Tensor], participating: list[int]) -> list[list[int]]:
+        """MaT-FL's clusters of the participating rows, as row indices, from ``gram()``."""
         k = min(self.num_clusters, len(participating))
         if k == len(participating):
             return [[r] for r in participating]

@@ -123,13 +123,17 @@ class FedDEA(Method):
     # ------------------------------------------------------------------ the server step
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        masked = dataclasses.replace(
+        return self.host.aggregate(self._masked(inputs))
+
+    def _masked(self, inputs: RoundInput) -> RoundInput:
+        """``inputs`` with every update masked (the encoders' only where they are stacked)."""
+        encoders = inputs.encoder_deltas
+        return dataclasses.replace(
             inputs,
-            encoder_deltas=self.transform(inputs.encoder_deltas, inputs.encoder_layout),
+            encoder_deltas=None if encoders is None else self.transform(encoders, inputs.encoder_layout),
             decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
             heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
         )
-        return self.host.aggregate(masked)
 
     # ------------------------------------------------------------------ streamed
 
@@ -141,19 +145,16 @@ class FedDEA(Method):
         return self.host.encoder_rows(round_)
 
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
-        """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'."""
+        """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'. A client
+        the host leaves as it is (``encoder_scope: none``) keeps its own, unmasked encoder at
+        write-back, whatever this row (the host's ``receive`` ignores that row)."""
         if name not in ("trained", "delta"):
             return self.host.encoder_row(name, prev, trained, layout)
         masked = self.transform((trained - prev)[None], layout)[0]
         return prev + masked if name == "trained" else masked
 
     def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
-        masked = dataclasses.replace(
-            inputs,
-            decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
-            heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
-        )
-        return self.host.aggregate_streamed(masked, encoders)
+        return self.host.aggregate_streamed(self._masked(inputs), encoders)  # rows masked as written
 
     def transform(self, deltas: Tensor, layout: FlatLayout) -> Tensor:
         """FedDEA's transform of a stack of updates [M, D]: per row (``unit``) or per parameter

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmtl.federated.health import all_finite, tensors_in
+from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
 
 CHECKSUMS = "SHA256SUMS"
 FINGERPRINT = "data_fingerprint.json"
@@ -44,12 +45,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
-
-    atomic_write_text(path, text)
-
-
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -59,8 +54,9 @@ def _sidecar(path: Path) -> Path:
 
 def record(path: Path) -> None:
     """The rank that wrote checkpoint file ``path`` records its digest (it is in that rank's
-    page cache; rank 0 would read it over the network on several nodes)."""
-    _atomic_write(_sidecar(path), f"{sha256_file(path)}  {path.name}\n")
+    page cache; rank 0 would read it over the network on several nodes). Not synced: the
+    sidecar lives only until ``seal``, which writes SHA256SUMS durably."""
+    atomic_write_text(_sidecar(path), f"{sha256_file(path)}  {path.name}\n", durable=False)
 
 
 def seal(staging: Path) -> None:
@@ -70,7 +66,7 @@ def seal(staging: Path) -> None:
         sidecar = _sidecar(path)
         digest = sidecar.read_text().split()[0] if sidecar.is_file() else sha256_file(path)
         lines.append(f"{digest}  {path.name}\n")
-    _atomic_write(staging / CHECKSUMS, "".join(lines))
+    atomic_write_text(staging / CHECKSUMS, "".join(lines))
     for path in staging.glob(".*.pt.sha256"):
         path.unlink()
 
@@ -203,8 +199,8 @@ def data_fingerprint(cfg: Any) -> dict[str, Any]:
             splits[split] = {"file": _relative(path, folder), "sha256": sha256_file(path), "images": len(ids)}
             for image_id in ids:
                 for _, candidates in namer._files(image_id):
-                    found = next((p for p in candidates if p.is_file()), candidates[0])
-                    sizes[_relative(found, folder)] = found.stat().st_size if found.is_file() else None
+                    found = next((p for p in candidates if p.is_file()), None)
+                    sizes[_relative(found or candidates[0], folder)] = found.stat().st_size if found else None
         for path in namer._meta_files():
             sizes[_relative(path, folder)] = path.stat().st_size if path.is_file() else None
         out[name] = {
@@ -307,7 +303,7 @@ def record_inputs(cfg: Any, fingerprint: dict[str, Any], fresh: bool, parser: An
 
     run_dir = Path(cfg.run_dir)
     if fresh:
-        _atomic_write(run_dir / FINGERPRINT, json.dumps(fingerprint, indent=1) + "\n")
+        atomic_write_text(run_dir / FINGERPRINT, json.dumps(fingerprint, indent=1) + "\n")
         return
     saved = run_dir / "config.yaml"
     if not saved.is_file():
@@ -317,4 +313,4 @@ def record_inputs(cfg: Any, fingerprint: dict[str, Any], fresh: bool, parser: An
     if Path(DataConfig(root=ns.data.root).resolved_root()).resolve() == Path(used).resolve():
         return
     ns.data.root = used
-    _atomic_write(saved, parser.dump(ns, skip_none=False))
+    atomic_write_text(saved, parser.dump(ns, skip_none=False))

@@ -147,8 +147,9 @@ def atomic_save(obj: Any, path: str | Path, durable: bool = True) -> None:
         os.replace(tmp, path)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or is as it was (see :func:`writing`)."""
+def atomic_write_text(path: str | Path, text: str, durable: bool = True) -> None:
+    """``path`` holds ``text`` whole, or is as it was (see :func:`writing`); ``durable`` as
+    :func:`atomic_save`'s."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     data = text.encode()
@@ -156,7 +157,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
 
 

@@ -9,10 +9,12 @@ each client, so 3R clients, always on the same 5,344 PASCAL-Context and 2,672 NY
 images (generated once under ``--data``): 8 a client at R = 334 (1,002 clients), 668 at R = 4
 (12 clients). Each run is a fresh ``fedmtl fit`` process (one CPU thread); its peak resident set
 size comes from the OS, its phase times from its metrics.csv. FedHCA² needs every client in
-every round, so it runs at participation 1 only.
+every round, so it runs at participation 1 only; participation below 1 is skipped at the
+smallest client count, the baseline of the wall-time target.
 
 Printed and written to ``benchmarks/results/scale.md``: per run, peak RSS, wall time, training
-time per sample trained, the server step (``time/aggregate``) and the other phases; then the
+time per sample trained, the server step (``time/aggregate``) and the train, aggregate,
+write-back and evaluation times (exchange, under 0.1 s here, is left out); then the
 disk's write (fsync) and read speed, from one 2 GiB file, and the issue's wall-time target for
 each large run: at most 1.3 × the 12-client run of the same method plus the time to write and
 read its clients' states once at that speed (the state bytes are read from the run's

@@ -94,10 +94,10 @@ def file_hashes(folder: Path) -> dict[str, str]:
     }
 
 
-def refused_keeping(command: list[str], folder: Path, capsys) -> list[str]:
+def refused_keeping(command: list[str], folder: Path, capsys, stdout: list[str] | None = None) -> list[str]:
     """``fedmtl COMMAND`` that must be refused without changing any file under ``folder``:
     asserts a non-zero exit, exactly one ``error:`` line and unchanged hashes; returns the
-    non-blank stderr lines."""
+    non-blank stderr lines (and appends what it printed on stdout to ``stdout``, if given)."""
     from fedmtl.cli import main
 
     before = file_hashes(folder)
@@ -108,7 +108,10 @@ def refused_keeping(command: list[str], folder: Path, capsys) -> list[str]:
         code = done.code
     assert code not in (0, None)
     assert file_hashes(folder) == before
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    captured = capsys.readouterr()
+    if stdout is not None:
+        stdout.append(captured.out)
+    lines = [line for line in captured.err.splitlines() if line.strip()]
     assert sum(line.startswith("error:") for line in lines) == 1, lines
     return lines
 

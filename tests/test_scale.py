@@ -127,7 +127,7 @@ def test_disk_store_checkpoints_share_its_files_and_keep_their_rounds_bytes(tmp_
     assert any(not torch.equal(a[k], b[k]) for a, b in zip(one, two, strict=True) for k in a)
 
 
-def test_each_dataset_is_read_once_for_all_its_clients(tmp_path, data_root, monkeypatch):
+def test_each_dataset_and_task_set_is_read_once_for_all_its_clients(tmp_path, data_root, monkeypatch):
     from fedmtl.federated import engine
 
     built = []

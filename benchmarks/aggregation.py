@@ -8,7 +8,8 @@ FCN decoder (embed_dim 96). Updates are 1e-3 × randn. The timed call is round 2
 (default options), which steps the hyper weights α, β from round 1's Ũ and A and then
 aggregates; the reference is ``deltas.clone()`` of the [N, P] encoder updates in the same
 process, timed in turns with it. Times are the median (and min) of ``--repeats`` runs after
-one warm-up; the ratio is what the script is for, absolute times vary with the machine.
+one warm-up; the ratio is what the script is for, absolute times vary with the machine. The
+tables are recorded in ``benchmarks/results/aggregation.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import results_file
 import torch
 
 from fedmtl.aggregation import (
     ClientInfo,
-    FedHCA2,
     FlatLayout,
     RoundInput,
     conflict_averse_coefficients,
@@ -33,6 +34,7 @@ from fedmtl.aggregation import (
     decoder_owners_of,
     gram_matrix,
 )
+from fedmtl.methods import FedHCA2
 from fedmtl.models import FCNDecoder, create_encoder
 
 CLIENTS = [
@@ -127,12 +129,12 @@ def _hwm() -> int:
     raise OSError("no VmHWM in /proc/self/status")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 
     encoder = create_encoder("swin_t", img_size=(512, 512))
@@ -195,38 +197,41 @@ def main() -> None:
     }
 
     gib = 1024**3
-    print(
+    med, low = statistics.median, min
+    part_times = _interleaved({"copy": deltas.clone, **parts}, device, args.repeats, {})
+    part_copy = part_times.pop("copy")
+
+    def timing(name: str, values: list[float], copy: list[float]) -> str:
+        cells = (med(values) * 1e3, low(values) * 1e3, med(values) / med(copy), low(values) / low(copy))
+        return results_file.row(name, *(f"{c:.1f}" for c in cells[:2]), *(f"{c:.2f}" for c in cells[2:]))
+
+    head = results_file.table_head("call", "median (ms)", "min (ms)", "× copy", "× copy, of the mins")
+    kept = input_bytes / 2 + (p + k * q) * deltas.element_size()
+    lines = [
         f"FedHCA2 round 2 (hyper-weight step + aggregation), scenario 1: N = {n} clients, K = {k} decoders, "
         f"P = {p / 1e6:.1f} M encoder and Q = {q / 1e3:.1f} k decoder parameters, {args.dtype} on {device}, "
-        f"{torch.get_num_threads()} CPU threads"
-    )
-    print(f"  inputs (θ^(r-1) and Δ of encoders and decoders): {input_bytes / gib:.2f} GiB")
-    copy, ours = timed["copy"], timed["fedhca2"]
-    med, low = statistics.median, min
-    print(f"  times: median (min) of {args.repeats} runs, taken in turns")
-    print(
-        f"  deltas.clone() of the [N, P] encoder updates: {med(copy) * 1e3:7.1f} ms ({low(copy) * 1e3:.1f})"
-    )
-    print(
-        f"  FedHCA2.aggregate, round 2:                   {med(ours) * 1e3:7.1f} ms ({low(ours) * 1e3:.1f})"
-        f"  = {med(ours) / med(copy):.1f}x ({low(ours) / low(copy):.1f}x) the copy"
-    )
-    print("  its parts, each alone:")
-    part_times = _interleaved({"copy": deltas.clone, **parts}, device, args.repeats, {})
-    copy = part_times.pop("copy")
-    for name, values in part_times.items():
-        print(
-            f"    {name:44s} {med(values) * 1e3:7.1f} ms ({low(values) * 1e3:.1f})"
-            f"  = {med(values) / med(copy):.2f}x ({low(values) / low(copy):.2f}x)"
-        )
-    print(f"  peak memory added by the call: {peak / gib:.2f} GiB = {peak / input_bytes:.2f}x the inputs")
-    kept = input_bytes / 2 + (p + k * q) * deltas.element_size()
-    print(
-        f"    (what must be allocated: the new [N, P] + [K, Q] parameters and the new Ũ [P] and A [K, Q] "
+        f"{torch.get_num_threads()} CPU threads; inputs (θ^(r-1) and Δ of encoders and decoders) "
+        f"{input_bytes / gib:.2f} GiB. Times: median and min of {args.repeats} calls taken in turns after "
+        "one warm-up. Ratio: against `deltas.clone()` of the [N, P] encoder updates in the same turns "
+        "(of the medians, and of the mins).",
+        "",
+        head,
+        timing("deltas.clone() of the [N, P] encoder updates", timed["copy"], timed["copy"]),
+        timing("FedHCA2.aggregate, round 2", timed["fedhca2"], timed["copy"]),
+        "",
+        "Its parts, each alone, timed in turns with another copy:",
+        "",
+        head,
+        *(timing(name, values, part_copy) for name, values in part_times.items()),
+        "",
+        f"Peak memory added by the call: {peak / gib:.2f} GiB = {peak / input_bytes:.2f}x the inputs "
+        f"(what must be allocated: the new [N, P] + [K, Q] parameters and the new Ũ [P] and A [K, Q] "
         f"kept as server state, {kept / gib:.2f} GiB = {kept / input_bytes:.2f}x; the copy adds "
-        f"{copy_peak / gib:.2f} GiB)"
-    )
-    print(f"    measured as {method}")
+        f"{copy_peak / gib:.2f} GiB); measured as {method}.",
+    ]
+    print("\n".join(lines))
+    path = results_file.write("aggregation", "FedHCA² aggregation against a copy", "\n".join(lines))
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ see the same machine, and prints the median training time (the runs' ``time/trai
 over rounds; data loading and steps, no evaluation) and its ratio to the plain setting. It
 also checks that the cache leaves the results unchanged, bit for bit. The data are read from
 ``--root`` (generated there when missing); the runs go to a temporary folder, removed after.
+The table is recorded in ``benchmarks/results/client_speed.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+
+import results_file
 
 BENCHMARK_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "benchmark" / "scenario1.yaml"
 CLIENTS = {
@@ -81,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    print(
+    lines = [
         f"Local, one client, {args.rounds} rounds of {args.local_epochs} local epochs, one CPU thread, "
-        f"median of {args.repeats}; training seconds (time/train) and ratio to plain"
-    )
-    print(f"| client | {' | '.join(SETTINGS)} | cache: same results |")
-    print(f"| --- |{' ---: |' * len(SETTINGS)} --- |")
+        f"the settings in turns, median of {args.repeats}: training seconds (time/train) and, in "
+        "brackets, their ratio to plain (data.cache_mib 0, model.channels_last false) measured in "
+        'this run. "Same results": the final metrics with the cache equal those without, bit for bit.',
+        "",
+        results_file.table_head("client", *SETTINGS, "cache: same results"),
+    ]
+    print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for shape, client in CLIENTS.items():
             config_file = Path(tmp) / f"{shape}.yaml"
@@ -107,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                 if results["cache"] == results["plain"] and results["both"] == results["channels_last"]
                 else "NO"
             )
-            print(f"| {shape} | {' | '.join(cells)} | {same} |")
+            lines.append(results_file.row(shape, *cells, same))
+            print(lines[-1], flush=True)
+    path = results_file.write(
+        "client_speed", "Client training time: sample cache and channels-last", "\n".join(lines)
+    )
+    print(f"recorded in {path}")
     return 0
 
 

@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _results_file():
-    # benchmarks/ is a folder of scripts, not a package: its shared recorder is imported by path
+    # benchmarks/ is a folder of scripts, not a package: the other scripts import results_file at
+    # the top (run as scripts, their folder is on sys.path); this one is also loaded by path by
+    # tests/test_compare_methods.py, without that folder on sys.path, so it imports it late.
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import results_file
 

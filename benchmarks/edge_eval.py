@@ -4,12 +4,13 @@
         [--sizes 96x96 512x512] [--nms on off]
 
 Times ``edge_image_counts`` (fedmtl/metrics/edge.py) against
-``reference_edge_image_counts`` (fedmtl/metrics/_edge_reference.py, the earlier code: numpy
+``reference_edge_image_counts`` (tests/edge_reference.py, the earlier code: numpy
 NMS, numpy thinning of every distinct map, a maximum flow per map) on one image per case, 99
 thresholds, max_dist 0.0075 (PASCAL-Context), in turns after one warm-up each (the warm-up
 also loads or compiles the numba kernels). Printed per case: the median of ``--repeats`` runs
 of each and the ratio reference / fast measured in the same run. The counts of the two are
-checked equal first.
+checked equal first. The table is recorded in ``benchmarks/results/edge_eval.md``
+(results_file.py).
 
 Images (seeded): the ground truth is the BSDS ``seg2bmap`` boundary of a map of smooth random
 regions. "blurry": what a barely trained model gives, every pixel > 0.01 — sigmoid of the
@@ -22,17 +23,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/edge_reference.py
 
 import numpy as np  # noqa: E402
+import results_file  # noqa: E402
 import torch  # noqa: E402
 from methods import interleaved  # noqa: E402  (benchmarks/methods.py: the same turn-taking timer)
 from scipy.ndimage import gaussian_filter  # noqa: E402
 
 from fedmtl.data.pascal_context import seg2bmap  # noqa: E402
-from fedmtl.metrics._edge_reference import reference_edge_image_counts  # noqa: E402
 from fedmtl.metrics.edge import edge_image_counts, edge_thresholds, quantize_edge  # noqa: E402
+from tests.edge_reference import reference_edge_image_counts  # noqa: E402
 
 MAX_DIST = 0.0075
 
@@ -59,20 +64,26 @@ def grey(prob: np.ndarray) -> np.ndarray:
     return quantize_edge(torch.from_numpy(prob.astype(np.float32))).numpy()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", nargs="+", default=["96x96", "512x512"], help="HxW")
     parser.add_argument("--nms", nargs="+", choices=["on", "off"], default=["on", "off"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     thresholds = edge_thresholds()
-    print(
-        f"threads={torch.get_num_threads()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
-        f"median of {args.repeats}, 99 thresholds, max_dist {MAX_DIST}"
-    )
-    print(f"{'size':>8} {'prediction':<7} {'nms':<3} {'reference':>12} {'fast':>10} {'ratio':>7}")
+    lines = [
+        f"Edge odsF counts of one image, {torch.get_num_threads()} thread(s) (OMP_NUM_THREADS="
+        f"{os.environ['OMP_NUM_THREADS']}), 99 thresholds, max_dist {MAX_DIST}; median of {args.repeats} "
+        "runs of each path taken in turns after one warm-up. Ratio: the earlier code's time "
+        "(reference) over the fast path's, measured in this run (above 1: the fast path is faster).",
+        "",
+        results_file.table_head(
+            "size", "prediction", "nms", "reference (ms)", "fast (ms)", "reference / fast", labels=3
+        ),
+    ]
+    print("\n".join(lines), flush=True)
     for size in args.sizes:
         h, w = (int(v) for v in size.split("x"))
         rng = np.random.default_rng(0)
@@ -95,10 +106,16 @@ def main() -> None:
 
                 runs = interleaved({"reference": reference, "fast": fast}, args.repeats)
                 ref, new = statistics.median(runs["reference"]), statistics.median(runs["fast"])
-                print(
-                    f"{size:>8} {name:<7} {nms:<3} {ref * 1e3:9.1f} ms {new * 1e3:7.1f} ms {ref / new:6.1f}x",
-                    flush=True,
+                lines.append(
+                    results_file.row(
+                        size, name, nms, f"{ref * 1e3:.1f}", f"{new * 1e3:.1f}", f"{ref / new:.1f}"
+                    )
                 )
+                print(lines[-1], flush=True)
+    path = results_file.write(
+        "edge_eval", "Edge odsF counts: the fast path against the earlier code", "\n".join(lines)
+    )
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

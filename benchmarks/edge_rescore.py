@@ -21,6 +21,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import results_file
+
 
 def edge_scores(run: Path, thin: bool) -> dict[str, float]:
     """``{client: edge odsF}`` of ``run``'s latest checkpoint scored with or without thinning."""
@@ -69,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {method} | {client} | {_cell([a for a, _ in pairs])} | {_cell([b for _, b in pairs])} | {change:+.2f} |"
         )
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
-    import results_file
-
     body = f"Edge odsF of {len(runs)} finished runs in {args.out}, each validated both ways.\n\n" + "\n".join(
         lines
     )

@@ -1,6 +1,9 @@
 """Engine overhead and the demo's round time split.
 
-    .venv/bin/python benchmarks/engine.py [--rounds 3] [--demo-run runs/demo]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine.py [--rounds 3] [--demo-run runs/demo]
+
+(One thread: the engine trains with its default ``cpu_threads: 1`` and leaves the process at
+one thread, so the plain loop's first runs would otherwise have torch's default threads.)
 
 1. Local training through the engine (Fabric, client store, flattening, exchange, Local
    aggregation) against a plain PyTorch loop on the same model, data, optimiser, schedule and
@@ -9,7 +12,9 @@
    medians, and the process CPU time of the whole call — for the engine that includes its
    set-up and final evaluation, so that ratio errs against the engine (goal <= 1.10).
 2. If a demo run directory exists, its per-round time split (train / exchange / aggregate /
-   eval) from metrics.csv.
+   eval) from metrics.csv, and each phase's total over the training's.
+
+The tables are recorded in ``benchmarks/results/engine.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import results_file
 import torch
 from timm.scheduler import CosineLRScheduler
 
-from fedmtl.aggregation import Local
 from fedmtl.config import ClientGroup, DataConfig, EvaluationConfig, LoggerConfig, RunConfig
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.federated.engine import run
+from fedmtl.methods import Local
 from fedmtl.methods.base import derive_seed as _seed
 from fedmtl.models import MultiTaskModel
 from fedmtl.synth import generate
@@ -103,7 +109,7 @@ def engine_loop(
     return sum(times["train"]) + sum(times["exchange"]) + sum(times["aggregate"]), cpu
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=2)
@@ -111,7 +117,7 @@ def main() -> None:
     parser.add_argument("--num-train", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--demo-run", default="runs/demo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     epochs = args.rounds * args.local_epochs
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,30 +134,55 @@ def main() -> None:
             engines.append(engine_run)
 
     steps = epochs * -(-args.num_train // args.batch_size)
-    print(
-        f"local training, 1 MT client (nyud, 4 tasks), {epochs} epochs = {steps} steps of batch {args.batch_size}:"
-    )
-    for name, runs in (("plain PyTorch loop", plains), ("engine (train + exchange + aggregate)", engines)):
-        walls = " ".join(f"{w:.2f}" for w, _ in runs)
-        cpus = " ".join(f"{c:.2f}" for _, c in runs)
-        print(f"  {name}: wall {walls} s; process CPU {cpus} s")
     wall_p, wall_e = [w for w, _ in plains], [w for w, _ in engines]
     cpu_p, cpu_e = [c for _, c in plains], [c for _, c in engines]
-    print(f"  ratio engine / plain, fastest wall: {min(wall_e) / min(wall_p):.3f}")
-    print(f"  ratio engine / plain, median wall: {statistics.median(wall_e) / statistics.median(wall_p):.3f}")
-    cpu_ratio = statistics.median(cpu_e) / statistics.median(cpu_p)
-    print(f"  ratio engine / plain, median process CPU (engine incl. set-up and eval): {cpu_ratio:.3f}")
+    median = statistics.median
+    lines = [
+        f"Local training of one multi-task client (nyud, 4 tasks, {SIZE[0]}x{SIZE[1]}), {epochs} epochs = "
+        f"{steps} steps of batch {args.batch_size}, {torch.get_num_threads()} CPU thread(s), the plain "
+        f"loop and the engine alternating {args.repeats} times in one process. Ratio: engine over plain "
+        "in this run (goal: at most 1.10). The engine's wall time is its train + exchange + aggregate; "
+        "its process CPU time includes its set-up and final evaluation, so that ratio errs against it.",
+        "",
+        results_file.table_head("measure", "plain PyTorch loop (s)", "engine (s)", "engine / plain"),
+        *(
+            results_file.row(name, f"{p:.2f}", f"{e:.2f}", f"{e / p:.3f}")
+            for name, p, e in (
+                ("wall, fastest run", min(wall_p), min(wall_e)),
+                ("wall, median", median(wall_p), median(wall_e)),
+                ("process CPU, median", median(cpu_p), median(cpu_e)),
+            )
+        ),
+        "",
+        f"Every run's wall time: plain {', '.join(f'{w:.2f}' for w in wall_p)} s; engine "
+        f"{', '.join(f'{w:.2f}' for w in wall_e)} s.",
+    ]
 
     demo = Path(args.demo_run) / "metrics.csv"
     if demo.exists():
         times = _round_times(demo)
-        print(
-            f"demo round time split ({demo}, {len(times['train'])} rounds; eval in {len(times.get('eval', []))}):"
-        )
+        lines += [
+            "",
+            f"Round time split of the run in {args.demo_run} ({len(times['train'])} rounds, evaluation in "
+            f"{len(times.get('eval', []))}), read from its metrics.csv, not measured by this command. "
+            "Ratio: the phase's total over the training's.",
+            "",
+            results_file.table_head("phase", "mean per round (s)", "total (s)", "/ train"),
+        ]
         for phase in ("train", "exchange", "aggregate", "eval"):
             values = times.get(phase, [])
             if values:
-                print(f"  {phase:9s} mean {statistics.mean(values):6.2f} s  total {sum(values):6.1f} s")
+                lines.append(
+                    results_file.row(
+                        phase,
+                        f"{statistics.mean(values):.2f}",
+                        f"{sum(values):.1f}",
+                        f"{sum(values) / sum(times['train']):.3f}",
+                    )
+                )
+    print("\n".join(lines))
+    path = results_file.write("engine", "Engine overhead against a plain PyTorch loop", "\n".join(lines))
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

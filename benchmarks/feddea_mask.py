@@ -8,6 +8,7 @@ warm-up each: ``x.clone()``; a ``torch.topk``-based exact reference (topk gives 
 largest |Δ|, ties at it go to the lowest indices); and ``feddea_mask``. Printed: the median
 time of ``--repeats`` runs and its ratio to the clone (the target of issue #11 is ≤ 10× for
 the encoder row on one thread). The reference's output is checked equal to feddea_mask's.
+The table is recorded in ``benchmarks/results/feddea_mask.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import results_file
 import torch
 from methods import interleaved  # benchmarks/methods.py: the same turn-taking timer
 
@@ -37,16 +39,22 @@ def topk_reference(updates: torch.Tensor, rho: float) -> torch.Tensor:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rho", type=float, default=0.25)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(
-        f"rho={args.rho}, threads={torch.get_num_threads()}, median of {args.repeats}, torch {torch.__version__}"
-    )
+    lines = [
+        f"rho {args.rho}, {torch.get_num_threads()} thread(s), torch {torch.__version__}; median of "
+        f"{args.repeats} calls of each, taken in turns after one warm-up. Ratio: the call's time over "
+        "a clone of the same float32 updates in this run (issue #11: feddea_mask at most 10 for the "
+        "encoder row on one thread).",
+        "",
+        results_file.table_head("updates (float32)", "call", "median (ms)", "× clone", labels=2),
+    ]
+    print("\n".join(lines), flush=True)
     for label, shape in SHAPES.items():
         updates = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 1e-3
         if not torch.equal(feddea_mask(updates, args.rho), topk_reference(updates, args.rho)):
@@ -60,9 +68,13 @@ def main() -> None:
             args.repeats,
         )
         times = {name: statistics.median(ts) for name, ts in runs.items()}
-        print(f"{label} float32:")
         for name, seconds in times.items():
-            print(f"  {name:<15} {seconds * 1e3:9.1f} ms  {seconds / times['clone']:6.1f}x clone")
+            lines.append(
+                results_file.row(label, name, f"{seconds * 1e3:.1f}", f"{seconds / times['clone']:.1f}")
+            )
+            print(lines[-1], flush=True)
+    path = results_file.write("feddea_mask", "FedDEA's update transform against a copy", "\n".join(lines))
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

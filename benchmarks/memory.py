@@ -4,7 +4,9 @@
 
 60 clients are the demo's 6 with ``replicas: 10`` (each client split in 10, the data split
 evenly), so the total training work per round stays the same. Each run is a fresh
-``fedmtl fit`` process; its peak resident set size is read from the OS.
+``fedmtl fit`` process; its peak resident set size is read from the OS. The table, with each
+run's peak as a ratio to the run with the fewest clients on the same store, is recorded in
+``benchmarks/results/memory.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_file
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,19 +58,33 @@ def measure(replicas: int, store: str, rounds: int, tmp: Path) -> tuple[float, f
     return int(kib) / 1024**2, time.perf_counter() - start, clients
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--stores", nargs="+", default=["memory", "disk"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    lines = [
+        f"The demo scenario, {args.rounds} round(s), each run a fresh `fedmtl fit` process, in this "
+        "order. Ratio: the run's peak resident set size over that of the run with the fewest clients "
+        "on the same store, in this run.",
+        "",
+        results_file.table_head(
+            "clients", "store", "peak RSS (GiB)", "wall (s)", "peak / fewest clients'", labels=2
+        ),
+    ]
+    print("\n".join(lines), flush=True)
+    fewest: dict[str, float] = {}  # store -> peak GiB of its first run, the one with min(replicas)
     with tempfile.TemporaryDirectory() as tmp:
-        for replicas in args.replicas:
+        for replicas in sorted(args.replicas):
             for store in args.stores:
                 gib, seconds, clients = measure(replicas, store, args.rounds, Path(tmp))
-                print(
-                    f"{clients:3d} clients, store={store:6s}: peak RSS {gib:.2f} GiB ({seconds:.0f} s, {args.rounds} round)"
-                )
+                fewest.setdefault(store, gib)
+                cells = (f"{gib:.2f}", f"{seconds:.0f}", f"{gib / fewest[store]:.2f}")
+                lines.append(results_file.row(clients, store, *cells))
+                print(lines[-1], flush=True)
+    path = results_file.write("memory", "Peak host memory with more clients", "\n".join(lines))
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@
    after one warm-up of each. Needs about 4 GiB.
 
 Absolute times depend on the machine and its load; the ratios are what the script is for.
+Each part's tables are recorded in ``benchmarks/results/methods_PART.md`` (``methods_rounds``,
+``methods_state``, ``methods_server``; results_file.py): a part run alone replaces only its own.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import results_file
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +62,7 @@ REFERENCE = "FedAvg"
 TARGETS = {"Ditto": 2.2}  # x FedAvg's round time; every other method: DEFAULT_TARGET
 DEFAULT_TARGET = 1.15
 SERVER_TARGETS = {"FedAMP": 3.0}  # x FedAvg's server step
+CLONE = "clone of Δ_enc"  # the server part's scale: a copy of the encoder deltas
 PHASES = ("train", "exchange", "aggregate", "write_back", "finish")
 TRACK = ("model", "optimizer", "scheduler")
 MIB = 1024**2
@@ -149,50 +153,81 @@ def run_all(
     return times, kept
 
 
-def print_rounds(
-    times: dict[str, list[dict[str, float]]], rounds: int, repeats: int, run_rounds: int
-) -> None:
+def rounds_table(
+    times: dict[str, list[dict[str, float]]], config: Path, rounds: int, repeats: int, run_rounds: int
+) -> list[str]:
+    """Part 1 as markdown: the round time per method against FedAvg's, and the finishing work."""
     med = {
         m: {k: statistics.median(t[k] for t in runs) for k in (*PHASES, "round")} for m, runs in times.items()
     }
     low = {m: {k: min(t[k] for t in runs) for k in (*PHASES, "round")} for m, runs in times.items()}
     ref_med, ref_low = med[REFERENCE], low[REFERENCE]
-    print(
-        f"demo, {rounds} round(s), 1 CPU thread: seconds per round (train + exchange + aggregate), "
-        f"median (min) of {repeats} run(s) taken in turns"
-    )
-    print(
-        f"  {'method':9s} {'train':>7s} {'exchange':>8s} {'aggregate':>9s} {'round':>7s}"
-        f"  {'train/FedAvg':>14s}  {'round/FedAvg':>14s}  target"
-    )
+    lines = [
+        f"{config.name}, {rounds} round(s) per run, 1 CPU thread: seconds per round (train + exchange + "
+        f"aggregate + write back; the final evaluation excluded), median of {repeats} run(s), every "
+        f"method once per repeat, in turns. Ratios: against {REFERENCE}'s in this run, of the medians "
+        "and in brackets of the mins. Target: a round at most the ratio given.",
+        "",
+        results_file.table_head(
+            "method",
+            "train (s)",
+            "exchange (s)",
+            "aggregate (s)",
+            "write back (s)",
+            "round (s)",
+            f"train / {REFERENCE}",
+            f"round / {REFERENCE}",
+            "target",
+        ),
+    ]
     for method in times:
         m, lo = med[method], low[method]
         target = TARGETS.get(method, DEFAULT_TARGET)
         verdict = "ok" if m["round"] <= target * ref_med["round"] else "OVER"
-        print(
-            f"  {method:9s} {m['train']:7.2f} {m['exchange']:8.3f} {m['aggregate']:9.2f} {m['round']:7.2f}"
-            f"  {_ratio(m['train'], ref_med['train'], lo['train'], ref_low['train'])}"
-            f"  {_ratio(m['round'], ref_med['round'], lo['round'], ref_low['round'])}"
-            f"  <= {target:.2f}x {verdict if method != REFERENCE else ''}"
+        lines.append(
+            results_file.row(
+                method,
+                f"{m['train']:.2f}",
+                f"{m['exchange']:.3f}",
+                f"{m['aggregate']:.2f}",
+                f"{m['write_back']:.2f}",
+                f"{m['round']:.2f}",
+                _ratio(m["train"], ref_med["train"], lo["train"], ref_low["train"]),
+                _ratio(m["round"], ref_med["round"], lo["round"], ref_low["round"]),
+                "reference" if method == REFERENCE else f"≤ {target:.2f}× {verdict}",
+            )
         )
-    if repeats > 1:
-        print("  (ratios: of the medians, and in brackets of the mins)")
-    print(
-        "one-off work after the last round (finish), median; overhead = finish / (rounds x the method's round)"
-    )
-    for method in times:
-        m = med[method]
-        if m["finish"] - ref_med["finish"] < 0.5:  # no finishing work
-            continue
-        print(
-            f"  {method:9s} {m['finish']:7.1f} s = {m['finish'] / ref_med['round']:.1f} FedAvg rounds; "
-            f"overhead {m['finish'] / (run_rounds * m['round']):.1%} of a {run_rounds}-round run, "
-            f"{m['finish'] / (100 * m['round']):.1%} of the paper's 100 rounds"
-        )
+    finishing = [m for m in times if med[m]["finish"] - ref_med["finish"] >= 0.5]  # less: no finishing work
+    if finishing:
+        lines += [
+            "",
+            "One-off work after the last round (finish), median; overhead = finish / (rounds × the "
+            "method's round).",
+            "",
+            results_file.table_head(
+                "method",
+                "finish (s)",
+                f"{REFERENCE} rounds",
+                f"overhead, {run_rounds} rounds",
+                "overhead, 100 rounds (paper)",
+            ),
+        ]
+        for method in finishing:
+            m = med[method]
+            lines.append(
+                results_file.row(
+                    method,
+                    f"{m['finish']:.1f}",
+                    f"{m['finish'] / ref_med['round']:.1f}",
+                    f"{m['finish'] / (run_rounds * m['round']):.1%}",
+                    f"{m['finish'] / (100 * m['round']):.1%}",
+                )
+            )
+    return lines
 
 
 def _ratio(value: float, ref: float, value_min: float, ref_min: float) -> str:
-    return f"{value / ref:5.2f}x ({value_min / ref_min:4.2f}x)"
+    return f"{value / ref:.2f} ({value_min / ref_min:.2f})"
 
 
 # ---------------------------------------------------------------------- client state
@@ -229,20 +264,22 @@ def client_state_sizes(run_dir: Path) -> dict[str, float]:
     return {k: v / len(files) for k, v in sizes.items()}
 
 
-def print_state(sizes: dict[str, dict[str, float]], rounds: int) -> None:
-    print(f"client state after {rounds} round(s): MiB per client (mean over the clients' checkpoint files)")
-    print(
-        f"  {'method':9s} {'file':>7s} {'model':>7s} {'optim.':>7s} {'sched.':>7s} {'track':>7s} "
-        f"{'personal':>8s}  file/FedAvg"
-    )
+def state_table(sizes: dict[str, dict[str, float]], rounds: int) -> list[str]:
+    """Part 2 as markdown: each method's client state against FedAvg's."""
+    lines = [
+        f"Client state after {rounds} round(s): MiB per client, mean over the clients' checkpoint "
+        "files; track = the model, optimizer and scheduler tensors, personal = the method's own "
+        f"state's tensors. Ratio: the file size over {REFERENCE}'s.",
+        "",
+        results_file.table_head(
+            "method", "file", "model", "optimizer", "scheduler", "track", "personal", f"file / {REFERENCE}"
+        ),
+    ]
     ref = sizes.get(REFERENCE, {}).get("file")
     for method, s in sizes.items():
-        ratio = f"{s['file'] / ref:5.2f}x" if ref else ""
-        print(
-            f"  {method:9s} {s['file'] / MIB:7.2f} {s['model'] / MIB:7.2f} {s['optimizer'] / MIB:7.2f} "
-            f"{s['scheduler'] / MIB:7.2f} {s['track'] / MIB:7.2f} {s['personal'] / MIB:8.2f}  {ratio}"
-        )
-    print("  (track = model + optimizer + scheduler tensors; personal = the method's own state's tensors)")
+        mib = (f"{s[key] / MIB:.2f}" for key in ("file", *TRACK, "track", "personal"))
+        lines.append(results_file.row(method, *mib, f"{s['file'] / ref:.2f}" if ref else ""))
+    return lines
 
 
 # ---------------------------------------------------------------------- the server step
@@ -262,7 +299,8 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return times
 
 
-def server(methods: list[str], repeats: int) -> None:
+def server(methods: list[str], repeats: int) -> list[str]:
+    """Part 3 as markdown: the server step of FedAvg and ``methods``, and a clone as a scale."""
     from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owners_of
     from fedmtl.methods import create_method
     from fedmtl.models import FCNDecoder, create_encoder
@@ -296,36 +334,46 @@ def server(methods: list[str], repeats: int) -> None:
     for name in dict.fromkeys([REFERENCE, *methods]):
         aggregators[name] = create_method(name)
         aggregators[name].setup(1, clients, 0)
-    fns: dict[str, Callable[[], object]] = {"clone of Δ_enc": inputs.encoder_deltas.clone}
+    fns: dict[str, Callable[[], object]] = {CLONE: inputs.encoder_deltas.clone}
     fns.update({name: (lambda a=a, x=inputs: a.aggregate(x)) for name, a in aggregators.items()})
     times = interleaved(fns, repeats)
 
     med = {name: statistics.median(t) for name, t in times.items()}
     low = {name: min(t) for name, t in times.items()}
     inputs_gib = 2 * (n * p + k * q) * 4 / 1024**3
-    print(
-        f"server step, round 1, scenario 1 shapes: N = {n} encoders x P = {p:,}, K = {k} decoders x Q = {q:,}, "
-        f"float32 ({inputs_gib:.2f} GiB of θ^(r-1) and Δ), {torch.get_num_threads()} CPU thread(s)"
-    )
-    print(f"  median (min) of {repeats} calls, taken in turns after one warm-up")
+    lines = [
+        f"Server step, round 1, scenario 1 shapes: N = {n} encoders × P = {p:,}, K = {k} decoders × "
+        f"Q = {q:,}, float32 ({inputs_gib:.2f} GiB of θ^(r-1) and Δ), {torch.get_num_threads()} CPU "
+        f"thread(s); median (min) of {repeats} calls taken in turns after one warm-up. Ratios: against "
+        f"{REFERENCE}.aggregate and against a clone of the encoder deltas (a scale) in this run, of the "
+        "medians and in brackets of the mins.",
+        "",
+        results_file.table_head("step", "median (ms)", "min (ms)", f"× {REFERENCE}", "× clone", "target"),
+    ]
     for name in times:
-        ratio = ""
-        if name != "clone of Δ_enc":
-            target = SERVER_TARGETS.get(name)
-            ratio = f"  = {med[name] / med[REFERENCE]:5.2f}x ({low[name] / low[REFERENCE]:.2f}x) {REFERENCE}"
-            if target is not None:
-                verdict = "ok" if med[name] <= target * med[REFERENCE] else "OVER"
-                ratio += f"  target <= {target:.1f}x {verdict}"
-        label = f"{name}.aggregate" if name in aggregators else name
-        print(f"  {label:20s} {med[name] * 1e3:8.1f} ms ({low[name] * 1e3:.1f}){ratio}")
+        target = SERVER_TARGETS.get(name)
+        verdict = ""
+        if target is not None:
+            verdict = f"≤ {target:.1f}× {'ok' if med[name] <= target * med[REFERENCE] else 'OVER'}"
+        lines.append(
+            results_file.row(
+                f"{name}.aggregate" if name in aggregators else name,
+                f"{med[name] * 1e3:.1f}",
+                f"{low[name] * 1e3:.1f}",
+                _ratio(med[name], med[REFERENCE], low[name], low[REFERENCE]),
+                _ratio(med[name], med[CLONE], low[name], low[CLONE]),
+                verdict,
+            )
+        )
     del inputs, aggregators, fns
     gc.collect()
+    return lines
 
 
 # ---------------------------------------------------------------------- main
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -344,7 +392,7 @@ def main() -> None:
     parser.add_argument(
         "--server-methods", nargs="+", default=["FedAMP", "MaTFL", "FedProx"], help="timed against FedAvg"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from fedmtl.methods import METHODS
 
@@ -363,12 +411,27 @@ def main() -> None:
                 config, methods, args.rounds, repeats, Path(tmp), keep_first="state" in parts
             )
             if "rounds" in parts:
-                print_rounds(times, args.rounds, repeats, demo_rounds(config))
+                lines = rounds_table(times, config, args.rounds, repeats, demo_rounds(config))
+                record("rounds", f"Round time of each method against {REFERENCE}'s", lines)
             if "state" in parts:
-                print_state({m: client_state_sizes(run_dir) for m, run_dir in kept.items()}, args.rounds)
+                sizes = {m: client_state_sizes(run_dir) for m, run_dir in kept.items()}
+                record(
+                    "state",
+                    f"Client state of each method against {REFERENCE}'s",
+                    state_table(sizes, args.rounds),
+                )
     if "server" in parts:
         torch.set_num_threads(args.threads)
-        server(args.server_methods, args.repeats or 5)
+        lines = server(args.server_methods, args.repeats or 5)
+        record("server", f"Server step of each method against {REFERENCE}'s", lines)
+
+
+def record(part: str, title: str, lines: list[str]) -> None:
+    """Print a part's table and record it in ``benchmarks/results/methods_PART.md``: one file a
+    part, so that a part run on its own replaces only its own figures."""
+    print("\n".join(lines), flush=True)
+    path = results_file.write(f"methods_{part}", title, "\n".join(lines))
+    print(f"recorded in {path}", flush=True)
 
 
 if __name__ == "__main__":

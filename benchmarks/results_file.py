@@ -3,7 +3,14 @@
 A figure belongs to the script that measured it: the script writes it here, headed by the
 command that produced it, the commit it ran (``+ uncommitted changes`` when the tree was
 dirty), the date and the machine, and the docs point to the file instead of copying numbers.
-A rerun of the same script replaces its own file, nothing else.
+A rerun of the same script replaces its own file, nothing else. The probes (``probes/``)
+record their tables the same way in ``probes/results/`` (``write(..., folder=...)``).
+
+With ``FEDMTL_RESULTS_DIR`` set, every file goes to that folder instead: a trial run or a test
+writes there, never over the figures the docs include.
+
+The scripts run as ``python benchmarks/NAME.py``, so this folder is first on ``sys.path`` and
+``import results_file`` finds this module.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_DIR_VARIABLE = "FEDMTL_RESULTS_DIR"
 
 
 def _git(*args: str) -> str:
@@ -60,9 +68,24 @@ def header(title: str, argv: list[str] | None = None) -> str:
     )
 
 
-def write(name: str, title: str, body: str, argv: list[str] | None = None) -> Path:
-    """Write ``benchmarks/results/NAME.md``: :func:`header`, then ``body``; returns its path."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.md"
+def row(*cells: object) -> str:
+    """One row of a markdown table."""
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def table_head(*columns: str, labels: int = 1) -> str:
+    """A markdown table's header row and rule: the first ``labels`` columns left-aligned, the
+    figures after them right-aligned."""
+    return row(*columns) + "\n" + row(*["---"] * labels, *["---:"] * (len(columns) - labels))
+
+
+def write(
+    name: str, title: str, body: str, argv: list[str] | None = None, folder: Path | None = None
+) -> Path:
+    """Write ``FOLDER/NAME.md``: :func:`header`, then ``body``; returns its path. ``folder``
+    defaults to ``benchmarks/results/``; ``$FEDMTL_RESULTS_DIR``, when set, replaces either."""
+    folder = Path(os.environ.get(RESULTS_DIR_VARIABLE) or folder or RESULTS)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
     path.write_text(header(title, argv) + "\n" + body.rstrip() + "\n")
     return path

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_file
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,9 +155,6 @@ def main() -> None:
     parser.add_argument("--out", default="scale", help="benchmarks/results/OUT.md")
     args = parser.parse_args()
     args.data = args.data.resolve()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import results_file
-
     results = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp_name:
         tmp = Path(tmp_name)

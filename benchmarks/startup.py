@@ -18,6 +18,7 @@ all of them alike. Printed: the median (and min) of ``--repeats`` runs and the r
 medians to ``import torch``'s. Target (issue 13): ``fit --help`` at most 1.5x ``import torch``.
 
 Absolute times depend on the machine and its load; the ratios are what the script is for.
+The table is recorded in ``benchmarks/results/startup.md`` (results_file.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import results_file
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = ["-c", "import torch"]
@@ -48,7 +51,7 @@ def run(args: list[str], cwd: Path) -> float:
     return seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
@@ -57,7 +60,7 @@ def main() -> None:
         action="append",
         help="a source tree to run fedmtl from (repeatable; default: this repository)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     checkouts = [c.resolve() for c in args.checkout or [REPO]]
     for checkout in checkouts:
         where = subprocess.run(
@@ -82,13 +85,27 @@ def main() -> None:
                 times[key].append(seconds)
 
     floor = statistics.median(times[("import torch", "")])
-    print(
-        f"python {sys.version.split()[0]} ({sys.executable}); median (min) of {args.repeats} runs, in turns"
-    )
-    print(f"{'command':<20} {'median s':>9} {'min s':>7} {'x import torch':>15}  checkout")
+    lines = [
+        f"Python {sys.version.split()[0]}; each command a fresh process, timed start to exit, "
+        f"median and min of {args.repeats} runs taken in turns after one warm-up round. Ratio: the "
+        'command\'s median over the median of `python -c "import torch"` in this run (the floor: '
+        "every fedmtl command imports torch); target (issue 13) `fit --help` at most 1.5.",
+        "",
+        results_file.table_head(
+            "command", "checkout", "median (s)", "min (s)", "median / import torch", labels=2
+        ),
+    ]
     for (label, checkout), seconds in times.items():
         median = statistics.median(seconds)
-        print(f"{label:<20} {median:9.2f} {min(seconds):7.2f} {median / floor:15.2f}  {checkout}")
+        where = "this checkout" if checkout == str(REPO) else checkout  # no local path in the record
+        lines.append(
+            results_file.row(label, where, f"{median:.2f}", f"{min(seconds):.2f}", f"{median / floor:.2f}")
+        )
+    print("\n".join(lines))
+    path = results_file.write(
+        "startup", "Start-up time of the quick commands against import torch", "\n".join(lines)
+    )
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The fast edge odsF counts (issue #13) equal the straightforward reference, exactly.
 
-``fedmtl.metrics._edge_reference`` is the code path before the speed-up: the numpy NMS, the
+``tests/edge_reference.py`` is the code path before the speed-up: the numpy NMS, the
 numpy thinning of every distinct binary map on its own, a maximum flow per map. The fast path
 (``edge_image_counts``: numba NMS arithmetic, thinning reused across thresholds per connected
 component, matching carried from threshold to threshold) must give the same [4, T] counts on
@@ -20,14 +20,6 @@ from scipy.sparse.csgraph import maximum_bipartite_matching
 from skimage.morphology import thin as skimage_thin
 
 from fedmtl.data.pascal_context import seg2bmap
-from fedmtl.metrics._edge_reference import (
-    reference_conv_tri,
-    reference_edge_image_counts,
-    reference_edge_orientation,
-    reference_edges_nms,
-    reference_structured_edge_nms,
-    reference_thin,
-)
 from fedmtl.metrics.edge import (
     _augment_from_left,
     _augment_from_right,
@@ -37,6 +29,14 @@ from fedmtl.metrics.edge import (
 )
 from fedmtl.metrics.edge_nms import conv_tri, edge_orientation, edges_nms, structured_edge_nms
 from fedmtl.metrics.thinning import thin
+from tests.edge_reference import (
+    reference_conv_tri,
+    reference_edge_image_counts,
+    reference_edge_orientation,
+    reference_edges_nms,
+    reference_structured_edge_nms,
+    reference_thin,
+)
 
 SHAPES = [(64, 64), (45, 83)]  # square, and non-square with odd sides
 

@@ -18,10 +18,10 @@ from skimage.morphology import thin as skimage_thin
 from torchmetrics.classification import MulticlassJaccardIndex
 
 from fedmtl.metrics import DepthRMSE, EdgeODSF, MeanIoU, NormalsMeanError, SaliencyMaxF, delta_m
-from fedmtl.metrics._edge_reference import BoundaryMatcher, max_bipartite_matching_size
 from fedmtl.metrics.edge import edge_thresholds, grey_level_table, quantize_edge
 from fedmtl.metrics.saliency import threshold_counts
 from fedmtl.metrics.thinning import thin
+from tests.edge_reference import BoundaryMatcher, max_bipartite_matching_size
 
 # ---------------------------------------------------------------------------------------------
 # MeanIoU

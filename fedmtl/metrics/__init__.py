@@ -1,4 +1,4 @@
-"""Evaluation metrics of HC-FMTL, pooled over the whole validation set (REFERENCE.md, "Metrics").
+"""Evaluation metrics of HC-FMTL, pooled over the whole validation set (docs/evaluation.md, "The metrics").
 
 Each metric is a torchmetrics ``Metric`` whose states are sums, so syncing across processes
 gives exactly the pooled result. ``update(pred, target)`` takes post-processed predictions

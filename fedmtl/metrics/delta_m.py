@@ -1,6 +1,6 @@
 """Δm: the mean relative gain over all tasks against a baseline, in %.
 
-REFERENCE.md, "Metrics": Δm = (1/T) Σ_t (−1)^{l_t} (M_t − M_base,t) / M_base,t × 100, with
+docs/evaluation.md, "Δm": Δm = (1/T) Σ_t (−1)^{l_t} (M_t − M_base,t) / M_base,t × 100, with
 l_t = 1 where lower is better (normals, depth), over all tasks of all clients, baseline = local
 training. It reproduces the Δm column of the paper's Tables 1 and 2 to two decimals.
 """

@@ -1,6 +1,6 @@
 """Root-mean-square error of depth, in metres.
 
-REFERENCE.md, "Metrics": pixels with 0 < gt < 80 (so the 255 padding and missing depth, stored
+docs/evaluation.md, "The metrics": pixels with 0 < gt < 80 (so the 255 padding and missing depth, stored
 as 0, are excluded); predictions clamped above 0; the square root of the mean squared error
 pooled over all valid pixels of the validation set (not a mean of per-image RMSEs).
 """

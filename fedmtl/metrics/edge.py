@@ -1,92 +1,25 @@
 """Optimal-dataset-scale F-measure (odsF) for boundary detection.
 
-REFERENCE.md, "Metrics": per image and per threshold t = 0.01 … 0.99, binarise the prediction
-(after the public pipeline's quantisation and non-maximum suppression, points 1 and 3 below),
+Per image and per threshold t = 0.01 … 0.99, binarise the prediction (after the public
+pipeline's quantisation and non-maximum suppression, below),
 thin it, and match predicted boundary pixels to ground-truth boundary pixels one-to-one within
 ``max_dist`` × image diagonal (0.0075 PASCAL-Context, 0.011 NYUD-v2); pool the counts over
 images per threshold; P = matched predicted / predicted, R = matched ground truth / ground
 truth, F = 2PR / (P + R); odsF = max over thresholds, in %.
 
-The public pipeline, point by point
------------------------------------
-FedHCA² evaluates edges offline: its test script saves every edge map as an 8-bit PNG, and the
-author's fork of SEISM (MATLAB, Piotr Dollár's edge code and the BSDS ``correspondPixels``)
-scores the PNGs. Sources are GitHub repositories; "FedHCA²" is innovator-zero/FedHCA2.
-
-1. Quantisation (implemented). FedHCA² ``utils.py`` ``get_output``: edge = ``torch.sigmoid(x) *
-   255`` (float32); ``evaluation/evaluate_utils.py`` ``predict`` crops the padding and calls
-   ``save_img``, which writes ``Image.fromarray(np.uint8(pred), mode='L')`` — a cast, so the
-   grey level is ``floor(255·σ)`` (truncation, not rounding: σ = 0.5 → 127, only σ = 1 → 255).
-   FedHCA²'s ``evaluation/save_img.py`` was found only as a file of a repository the index did not name, with
-   exactly the signature FedHCA² calls, ``save_img(dataname, file_names, preds, task,
-   save_dir, idx)``, saving to the ``{idx}_edge/img`` folders FedHCA²'s ``create_pred_dir``
-   makes; the same cast is in youngfish42/FMTL-Benchmark ``evaluation/save_img.py`` and
-   innovator-zero/SAK ``evaluation/save_img.py``.
-   Here: :func:`quantize_edge`, ``uint8(float32(p) · 255)``, applied inside
-   :meth:`EdgeODSF.update` (which also takes uint8 grey levels as they are).
-2. Thresholds (implemented). innovator-zero/seism ``parameters.txt``: 99 values 0.01 … 0.99
-   (also SimonVandenhende/Multi-Task-Learning-PyTorch ``evaluation/eval_edge.py``:
-   ``np.arange(0.01, 1.00, 0.01)`` written with ``%.2f``). innovator-zero/seism
-   ``src/io/read_one_png.m``: positive iff ``double(imread(png)) / 255.0 >= str2double(t)``,
-   i.e. the grey level over 255 against t, both in double precision. Here: the same comparison
-   through a 256-entry table (:func:`grey_level_table`); k / 100 in float64 is the same double
-   as ``str2double('0.kk')``. Seism's ``edgesEvalImg`` then thresholds the binary map once more
-   at 0.5 (``thrs`` default changed to 1 "because binary images"), which changes nothing.
-3. Non-maximum suppression (implemented, applied by default). The README of
-   innovator-zero/MTDP_Lib (same author, same seism fork) and ``evaluation/edge_evaluation.py``
-   there and in youngfish42/FMTL-Benchmark run ``nms_process`` (``--nms``) and point seism at
-   ``edge/nms/``, not ``edge/img/``. innovator-zero/seism ``nms_process.m``: ``x = png / 255``;
-   ``E = convTri(single(x), 1)``; orientation ``O`` from second derivatives of
-   ``convTri(E, 4)`` (``gradient2``); ``E = edgesNmsMex(E, O, 4, 5, 1.01, 4)`` (suppression
-   radius 4, boundary fade 5 px, multiplier 1.01); ``imwrite(uint8(E * 255))`` — MATLAB's
-   uint8 rounds, so the grey levels that are finally thresholded are round(255·NMS(…)).
-   FedHCA²'s own ``edge_evaluation.py`` is not in the index: assumed to be the same script.
-   Here: :func:`fedmtl.metrics.edge_nms.structured_edge_nms`, a port of these lines and of
-   Piotr Dollár's ``convTri``, ``gradient2`` and ``edgesNmsMex`` (pdollar/toolbox,
-   pdollar/edges; sources and the remaining float32 approximations in that module's
-   docstring), run per image on the cropped grey levels inside :func:`edge_image_counts`.
-   ``EdgeODSF(nms=False)`` thresholds the quantised probabilities directly, as fedmtl did
-   before.
-4. Thinning (implemented), of the prediction and of the ground truth. innovator-zero/seism
-   ``src/piotr_edges/edgesEvalImg.m``, line 59: ``G{g}=double(bwmorph(seg2bmap(G{g}),'thin',
-   'Inf'))`` — the fork thins the ground-truth boundary map with MATLAB's ``bwmorph(·, 'thin',
-   Inf)`` before matching (an earlier version of this docstring assumed the fork's file
-   unchanged from jponttuset/seism and fedmtl matched against the unthinned map);
-   line 67 thins each binarised prediction the same way. No other morphology. Here: both with
-   :func:`fedmtl.metrics.thinning.thin` (the same algorithm; equal to skimage's ``thin``, a
-   port of it, on the maps tested), the ground truth once per image after cropping the padding (MATLAB thins the
-   cropped image the public code saved, pixels outside it count as background).
-   ``EdgeODSF(thin_gt=False)`` (config: ``evaluation.edge_thin_gt: false``) matches against the
-   unthinned map, fedmtl's behaviour before: on thick label boundaries it scores lower, as
-   fewer ground-truth pixels are reachable one-to-one.
-5. Ground truth (PASCAL-Context reproduced; NYUD as close as its files allow).
-   innovator-zero/seism ``src/gt_wrappers/db_gt.m``: PASCAL-Context ``LabelMap`` from
-   ``pascal-context/trainval/<id>.mat``, relabelled, and ``edgesEvalImg`` turns it into
-   boundaries with BSDS ``seg2bmap`` (a pixel is a boundary if its label differs from its
-   east, south or south-east neighbour; last row/column compare one neighbour; offset half a
-   pixel towards the origin; 2 px wide where a boundary runs diagonally or two changes meet),
-   then thins it (point 4). NYUD: ``groundTruth{1}.Boundaries`` from
-   ``NYUDv2/edge_mat/<id>.mat`` (a directory the dataset layout of REFERENCE.md does not
-   have), also passed through ``seg2bmap`` and thinned. fedmtl scores against the target the
-   data loader gives for the validation split, thinned here: PASCAL-Context ``seg2bmap`` of the
-   LabelMap (:func:`fedmtl.data.pascal_context.seg2bmap`, as SEISM; the training split keeps
-   the public training label, the 4-neighbour Laplacian of the LabelMap != 0, thinned: FedHCA²
-   ``datasets/pascal_context.py`` ``_load_edge``), so the PASCAL-Context ground truth is
-   SEISM's exactly. NYUD: ``edge/<id>.png`` / 255, the file FedHCA² ``datasets/nyud.py`` reads
-   and the only NYUD boundary file of the public layout, thinned, without ``seg2bmap``: the
-   png is already a boundary map, not a label map, and whether it equals ``edge_mat``'s
-   ``Boundaries`` was not found. Were it equal, SEISM's ``seg2bmap`` would turn each 1-px line
-   into a 2-px band whose thinning lies on the line or one pixel before it — within NYUD's
-   tolerance at the paper's size (0.011 × the 448×576 diagonal ≈ 8 px), not at 32×32.
-6. Ignored pixels. Public: none; ``predict`` crops the padding so every pixel of the original
-   image counts, and the radius is ``maxDist`` × the original image's diagonal. Here: the
-   ``ignore_index`` padding is removed by cropping to the valid region's bounding box (below),
-   which is the same as long as only padding carries ``ignore_index``.
-7. Matching radius: innovator-zero/seism ``src/scripts/eval_method.m``: ``maxDist`` 0.011 for
-   NYUD, 0.0075 otherwise (PASCAL-Context); MTDP_Lib README says the same.
-8. Pooling: innovator-zero/seism ``src/scripts/gather_measure.m`` sums cntR, sumR, cntP, sumP
-   over images per threshold, then F per threshold; ``general_ods`` takes the maximum. Zero
-   denominators give F = 0 there and here.
+Where each step comes from
+--------------------------
+The steps reproduce the public pipeline: FedHCA² saves every edge map as an 8-bit PNG
+(``uint8(255·σ)``, truncation: :func:`quantize_edge`) and the authors' fork of SEISM scores
+the PNGs after the structured-edge NMS (:func:`fedmtl.metrics.edge_nms.structured_edge_nms`),
+at thresholds q/255 >= t for t = 0.01 … 0.99 (:func:`grey_level_table`), thinning each
+binarised prediction and the ground-truth boundary map with ``bwmorph(·, 'thin', Inf)``
+(:func:`fedmtl.metrics.thinning.thin`; ``EdgeODSF(thin_gt=False)`` matches against the unthinned
+map), with ``maxDist`` 0.011 for NYUD and 0.0075 otherwise, and pooling the counts over images
+per threshold before F (zero denominators give F = 0). The ground truth is the validation
+target the loader gives: PASCAL-Context's ``seg2bmap`` of the LabelMap, as SEISM; NYUD's
+``edge/<id>.png``. The documentation's "Evaluation and metrics" page (``docs/evaluation.md``,
+"Edge odsF") gives each step with the source file and line it follows.
 
 The matching
 ------------
@@ -98,10 +31,10 @@ every pair within the radius is admissible and every match lowers the cost, so i
 counts equal a maximum-cardinality matching, which is what is computed here. A pair is
 admissible when its Euclidean distance is <= radius.
 
-How the 99 thresholds are evaluated (issue #13)
------------------------------------------------
+How the 99 thresholds are evaluated
+----------------------------------
 Exactly the counts of thinning and matching every binarised map on its own (the earlier code,
-kept as :func:`fedmtl.metrics._edge_reference.reference_edge_image_counts`; the tests compare
+kept as ``reference_edge_image_counts`` in ``tests/edge_reference.py``; the tests compare
 the two), computed by one compiled (numba) pass over the thresholds per image,
 :func:`_threshold_counts`:
 

@@ -63,14 +63,14 @@ Sources and what was checked
 * The input: ``double(png)/255`` rounded to single — :func:`structured_edge_nms` takes the uint8
   grey levels fedmtl already computes (:func:`fedmtl.metrics.edge.quantize_edge`).
 
-Speed (issue #13)
------------------
+Speed
+-----
 The arithmetic loops (``convTri``, ``gradient2``, the orientation ratio, ``edgesNmsMex``'s
 interpolation, the uint8 conversion) are compiled with numba, element by element in the
 operation order of the numpy code they replaced, without fast-math (so no reassociation or
 fused multiply-add); ``edgesNmsMex`` stops at the first neighbour that suppresses a pixel (the
 outcome is an OR over d). ``atan``, ``cos`` and ``sin`` stay numpy's: another implementation
-could differ in the last bit. The numpy code is kept in :mod:`fedmtl.metrics._edge_reference`;
+could differ in the last bit. The numpy code is kept in ``tests/edge_reference.py``;
 the tests check the grey levels, orientation and maps equal, bit for bit.
 """
 

@@ -1,6 +1,6 @@
 """Mean angular error of surface normals.
 
-REFERENCE.md, "Metrics": both vectors L2-normalised; angle = 2·atan2(‖p − g‖, ‖p + g‖) in
+docs/evaluation.md, "The metrics": both vectors L2-normalised; angle = 2·atan2(‖p − g‖, ‖p + g‖) in
 degrees (accurate near 0° and 180°, where acos of a dot product loses precision); mean over
 the valid pixels of the whole validation set.
 """

@@ -1,6 +1,6 @@
 """Maximal F-measure for saliency detection.
 
-REFERENCE.md, "Metrics": thresholds 0.05, 0.10, …, 0.95 (p >= t is positive); precision and
+docs/evaluation.md, "The metrics": thresholds 0.05, 0.10, …, 0.95 (p >= t is positive); precision and
 recall from TP/FP/FN counts pooled over the whole validation set; F = 1.3·P·R / (0.3·P + R)
 (beta² = 0.3, which weighs precision more than recall); maxF = max over thresholds, in %.
 """

@@ -1,6 +1,6 @@
 """Mean intersection-over-union for semantic segmentation and human parts.
 
-REFERENCE.md, "Metrics": per-class TP / (TP + FP + FN) over all valid pixels of the whole
+docs/evaluation.md, "The metrics": per-class TP / (TP + FP + FN) over all valid pixels of the whole
 validation set, mean over ALL C classes; a class absent from both the prediction and the
 ground truth counts as 0. torchmetrics' macro average skips such a class instead, which gives
 a higher number than the paper's tables.
@@ -44,7 +44,7 @@ def iou_per_class(confmat: Tensor) -> Tensor:
 
 
 class MeanIoU(Metric):
-    """Mean IoU in %, pooled over all pixels of all images (REFERENCE.md, "Metrics").
+    """Mean IoU in %, pooled over all pixels of all images (docs/evaluation.md, "The metrics").
 
     ``update(pred, target)``: ``pred`` holds class indices [B, H, W] (integer dtype, i.e. after
     argmax), ``target`` [B, H, W] class indices with ``ignore_index`` for unlabelled pixels.

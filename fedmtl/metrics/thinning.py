@@ -14,7 +14,7 @@ pixel's neighbourhood code is kept up to date as its neighbours are deleted; and
 compiled with numba (:func:`thin_canvas`, which :mod:`fedmtl.metrics.edge` calls on its own
 canvas for the connected components a threshold changed). The earlier numpy version of the same
 incremental algorithm is kept as the reference,
-:func:`fedmtl.metrics._edge_reference.reference_thin`.
+``reference_thin`` in ``tests/edge_reference.py``.
 """
 
 from __future__ import annotations

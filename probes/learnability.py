@@ -1,7 +1,8 @@
 """Does a task learn? One client trained alone, against the task's trivial predictor.
 
-    python benchmarks/learnability.py --dataset pascal_context --tasks semseg human_parts \
-        --images 60 --epochs 10 40 --lr 0.002 0.01 --seeds 0 1 --size 32 [--train_size 32]
+    python probes/learnability.py --dataset pascal_context --tasks semseg human_parts \
+        --images 60 --epochs 10 40 --lr 0.002 0.01 --seeds 0 1 --size 32 [--train_size 32] \
+        [--out learnability]
 
 For every task, learning rate, epoch count and seed, it trains a fresh single-task client on
 the first ``--images`` training images of the generated dataset (one client's partition in
@@ -16,7 +17,9 @@ data with this many steps. No federation, no engine: the loop is the engine's lo
 without the round machinery, so a probe costs what its optimiser steps cost.
 
 The data are generated into ``--root`` (default ``data/learnability/SIZE``) when that folder
-does not hold them; an existing dataset is read, never rewritten.
+does not hold them; an existing dataset is read, never rewritten. The table is recorded in
+``probes/results/OUT.md`` (``--out``, default ``learnability``; one name per question asked, so
+that one question's rerun replaces only its own table) by ``benchmarks/results_file.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' recorder
+import results_file  # noqa: E402
 
 
 def train_and_score(
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num_train", type=int, default=300, help="training images to generate")
     parser.add_argument("--num_val", type=int, default=60, help="validation images to generate")
     parser.add_argument("--root", type=Path, help="data folder (default data/learnability/SIZE)")
+    parser.add_argument("--out", default="learnability", help="the table goes to probes/results/OUT.md")
     # Library defaults resolved after parsing, so that --help and argument errors import no torch.
     parser.add_argument(
         "--scale_range",
@@ -150,13 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     trivial = trivial_metrics(args.dataset, root, args.tasks, size)
 
     train_size = args.train_size or args.size
-    print(
+    lines = [
         f"{args.dataset}, {args.images} training images, {args.size}x{args.size} "
-        f"(training crops {train_size}x{train_size}), scale range {scale_range}"
-    )
-    print(f"learnt: at least {margin:g} % better than the trivial predictor")
-    print("| task | lr | epochs | steps | seed | metric | trivial | better (%) | learnt | seconds |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+        f"(training crops {train_size}x{train_size}), scale range {scale_range}",
+        f"learnt: at least {margin:g} % better than the trivial predictor",
+        "",
+        results_file.table_head(
+            "task", "lr", "epochs", "steps", "seed", "metric", "trivial", "better (%)", "learnt", "seconds"
+        ),
+    ]
+    print("\n".join(lines), flush=True)
     for task in args.tasks:
         lower = get_task(task).lower_is_better
         for lr in args.lr:
@@ -176,12 +186,28 @@ def main(argv: list[str] | None = None) -> int:
                         train_size=(train_size, train_size),
                     )
                     better = better_than(value, trivial[task], lower)
-                    print(
-                        f"| {task} | {lr:g} | {epochs} | {steps} | {seed} | {value:.2f} | {trivial[task]:.2f} "
-                        f"| {better:+.1f} | {'yes' if better >= margin else 'no'} "
-                        f"| {time.perf_counter() - start:.0f} |",
-                        flush=True,
+                    lines.append(
+                        results_file.row(
+                            task,
+                            f"{lr:g}",
+                            epochs,
+                            steps,
+                            seed,
+                            f"{value:.2f}",
+                            f"{trivial[task]:.2f}",
+                            f"{better:+.1f}",
+                            "yes" if better >= margin else "no",
+                            f"{time.perf_counter() - start:.0f}",
+                        )
                     )
+                    print(lines[-1], flush=True)
+    path = results_file.write(
+        args.out,
+        "Does a task learn? One client alone against the trivial predictor",
+        "\n".join(lines),
+        folder=Path(__file__).resolve().parent / "results",
+    )
+    print(f"recorded in {path}")
     return 0
 
 

@@ -6,9 +6,10 @@ matches with a unit-capacity maximum flow (Dinic, ``scipy.sparse.csgraph.maximum
 the pairs within the radius (:class:`BoundaryMatcher`), after the numpy port of the public NMS
 (:func:`reference_structured_edge_nms`). The code below is that code, only renamed: the tests
 check that the fast path gives exactly its counts, and ``benchmarks/edge_eval.py`` times both.
-Not used by the metric itself. (Why a maximum flow there: scipy's ``maximum_bipartite_matching``
-gives the same counts but its depth-first search does not prune dead ends, scipy issue #26147,
-and took seconds on the layered graphs that parallel predicted lines produce.)
+Not used by the metric itself, so it lives with the tests, outside the package. (Why a maximum
+flow there: scipy's ``maximum_bipartite_matching`` gives the same counts but its depth-first
+search does not prune dead ends, scipy issue #26147, and took seconds on the layered graphs
+that parallel predicted lines produce.)
 """
 
 from __future__ import annotations

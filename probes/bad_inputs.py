@@ -1,9 +1,9 @@
 """Replay issue #10's bad inputs against a checkout and classify what the user sees.
 
-    .venv/bin/python benchmarks/bad_inputs.py --repo . --out bad_inputs.md
-    .venv/bin/python benchmarks/bad_inputs.py --repo /tmp/before10 --out /tmp/sweep/before.md
-    .venv/bin/python benchmarks/bad_inputs.py --repo . --out x.md --only fit_twice nan_fedavg --timeout 60
-    .venv/bin/python benchmarks/bad_inputs.py --list
+    .venv/bin/python probes/bad_inputs.py --repo . --out bad_inputs.md
+    .venv/bin/python probes/bad_inputs.py --repo /tmp/before10 --out /tmp/sweep/before.md
+    .venv/bin/python probes/bad_inputs.py --repo . --out x.md --only fit_twice nan_fedavg --timeout 60
+    .venv/bin/python probes/bad_inputs.py --list
 
 Every case is one command, ``python -m fedmtl ...``, run as a subprocess of this Python with
 ``PYTHONPATH=REPO`` (so the checkout under test is imported, not the venv's editable install;

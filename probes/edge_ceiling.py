@@ -1,13 +1,14 @@
 """How well can a model score on PASCAL-Context edges at a given image size, and Sobel?
 
-    python benchmarks/edge_ceiling.py --sizes 32 64 96
+    python probes/edge_ceiling.py --sizes 32 64 96
 
 A model learns the *training* edge label (the thinned Laplacian of the LabelMap) and is scored
 against the *validation* one (BSDS ``seg2bmap``, one pixel to one side of the boundary) within
 0.0075 x the image diagonal (REFERENCE.md, "Metrics"): 0.34 px at 32x32, 0.68 px at 64x64,
 1.02 px at 96x96. This prints, per size, the odsF of a model that predicted the training label
 perfectly (the ceiling of what learning can reach) and of Sobel edges (the trivial predictor
-a learnt model must beat), on the generated validation images.
+a learnt model must beat), on the generated validation images. The table is recorded in
+``probes/results/edge_ceiling.md`` by ``benchmarks/results_file.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' recorder
+import results_file  # noqa: E402
 
 
 def scores(size: int, num_val: int, root: Path) -> tuple[float, float]:
@@ -56,15 +60,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must be at least 32 (the encoder's stride) and --num_val at least 1")
     from fedmtl.tasks import EDGE_MAX_DIST
 
-    print("| size | tolerance (px) | ceiling odsF | Sobel odsF |")
-    print("| ---: | ---: | ---: | ---: |")
+    lines = [
+        f"PASCAL-Context edge odsF on {args.num_val} generated validation images per size: a perfect "
+        "prediction of the training label (the ceiling of what learning can reach) and Sobel edges "
+        "(the trivial predictor), scored against the validation label within the tolerance.",
+        "",
+        results_file.table_head("size", "tolerance (px)", "ceiling odsF", "Sobel odsF", labels=0),
+    ]
+    print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             ceiling, sobel = scores(size, args.num_val, Path(tmp))
-            print(
-                f"| {size} | {EDGE_MAX_DIST['pascal_context'] * size * 2**0.5:.2f} | {ceiling:.1f} | {sobel:.1f} |",
-                flush=True,
-            )
+            tolerance = EDGE_MAX_DIST["pascal_context"] * size * 2**0.5
+            lines.append(results_file.row(size, f"{tolerance:.2f}", f"{ceiling:.1f}", f"{sobel:.1f}"))
+            print(lines[-1], flush=True)
+    path = results_file.write(
+        "edge_ceiling",
+        "Edge odsF ceiling and Sobel per image size",
+        "\n".join(lines),
+        folder=Path(__file__).resolve().parent / "results",
+    )
+    print(f"recorded in {path}")
     return 0
 
 

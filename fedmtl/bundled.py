@@ -54,7 +54,7 @@ def _file(name: str) -> Traversable:
 
 def find(name: str) -> str | None:
     """The bundled config that ``name`` means: the one of that relative name (a leading
-    ``configs/`` is the repository's folder, so README commands work anywhere), else the only
+    ``configs/`` is the repository's folder, so the documented commands work anywhere), else the only
     one of that base name. None when none has it; ValueError when several share the base name."""
     key = name.replace("\\", "/").removeprefix("./")
     known = names()

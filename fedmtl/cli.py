@@ -25,11 +25,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse import ArgumentParser as _ArgumentParser
+
+from fedmtl.terminal import interactive
 
 
 class ArgumentParser(_ArgumentParser):
@@ -38,18 +41,31 @@ class ArgumentParser(_ArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None):
         if 'Parser key "algorithm"' in message:
-            from fedmtl.methods import METHODS
-
-            name = re.search(r"import path string: (\S+)", message)
-            if name:  # jsonargparse lists every way it tried to read the name
-                message = f'Parser key "algorithm": no method named {name.group(1)!r}'
-            message = f"{message.rstrip()}; known methods: {', '.join(METHODS.names())}"
+            message = _method_error(message)
         if not self.exit_on_error:  # a parent parser reports it
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
         print(f"error: {' '.join(message.split())} (all options: {prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def _method_error(message: str) -> str:
+    """jsonargparse's error about ``algorithm``, with the names it may take. An unknown name
+    (of the algorithm, or of FedDEA's ``algorithm.host``) is said in one phrase: jsonargparse
+    lists every way it tried to read it."""
+    from fedmtl.methods import METHODS
+
+    known = f"known methods: {', '.join(METHODS.names())}"
+    name = re.search(r"import path string: (\S+)", message)
+    if name is None:
+        return f"{message.rstrip()}; {known}"
+    key = ".".join(re.findall(r'Parser key "(\w+)"', message))  # algorithm, or algorithm.host
+    if key == "algorithm.host":
+        from fedmtl.methods.feddea import HOSTS
+
+        known = f"FedDEA's hosts: {', '.join(HOSTS)}"
+    return f'Parser key "{key}": no method named {name.group(1)!r}; {known}'
 
 
 def _check_config_files(argv: list[str]) -> list[str]:
@@ -170,7 +186,7 @@ def synth(
         size=size,
         seed=seed,
         workers=workers,
-        progress=_terminal(),
+        progress=interactive(),
         overwrite=overwrite,
     )
     print(f"wrote {num_train} train + {num_val} val {dataset} images to {out}")
@@ -286,11 +302,6 @@ def _parser() -> ArgumentParser:
     return parser
 
 
-def _terminal() -> bool:
-    """Progress bars on a terminal; in logs (CI) they would be noise."""
-    return sys.stderr.isatty()
-
-
 def _is_leader() -> bool:
     """The process that a user started (or rank 0 of a torchrun / SLURM launch). Fabric's
     own launcher re-runs the command for the other local ranks with LOCAL_RANK set."""
@@ -329,7 +340,7 @@ def _ensure_data(cfg: Any) -> None:
             num_val=s.num_val,
             size=tuple(s.size),
             seed=s.seed,
-            progress=_terminal(),
+            progress=interactive(),
         )
 
 
@@ -402,7 +413,7 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
         return True  # nothing was computed yet: the run starts over with this config
     if saved.is_file():
         try:
-            before = parser.parse_path(str(saved)).as_dict()
+            before = rundir.read_config(parser, saved).as_dict()
         except Exception as err:  # noqa: BLE001 - any parse failure means the same thing here
             raise ValueError(
                 f"{saved} cannot be read ({err}); it is the config the run was made with"
@@ -488,7 +499,7 @@ def _evaluate(args: Namespace, command: str) -> None:
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found: --run_dir must be the folder a `fedmtl fit` run wrote")
     parser = _run_parser()
-    cfg_ns = parser.parse_path(str(config))
+    cfg_ns = rundir.read_config(parser, config)
     cfg_ns.run_dir = str(run_dir)
     if args.devices is not None:
         cfg_ns.devices = args.devices
@@ -540,29 +551,43 @@ def main(argv: list[str] | None = None) -> int:
         return _command(args, argv)
 
 
+def _check_data(args: Namespace) -> None:
+    from fedmtl.data.check import check_command
+
+    check_command(args.root, args.dataset, progress=interactive())
+
+
+def _prepare_data(args: Namespace) -> None:
+    from fedmtl.data.prepare import prepare_command
+
+    prepare_command(args.archives, args.root, progress=interactive())
+
+
+#: ``fedmtl data SUBCOMMAND``: its handler, given the subcommand's own options.
+_DATA_COMMANDS: dict[str, Callable[[Namespace], None]] = {
+    "synth": lambda args: synth(**args.as_dict()),
+    "check": _check_data,
+    "prepare": _prepare_data,
+}
+
+#: ``fedmtl COMMAND``: its handler, given the command's own options. A handler imports what
+#: it needs when it runs, so `fedmtl --help` and the quick commands stay light.
+_COMMANDS: dict[str, Callable[[Namespace], None]] = {
+    "fit": lambda args: _fit(_run_parser(), args),
+    "validate": lambda args: _evaluate(args, "validate"),
+    "test": lambda args: _evaluate(args, "test"),
+    "data": lambda args: _DATA_COMMANDS[args.data_command](args[args.data_command]),
+    "configs": _configs,
+    "report": _report,
+}
+
+
 def _command(args: Namespace, argv: list[str]) -> int:
     """Run the parsed command: 0, or a non-zero exit after one line saying why."""
     from fedmtl.federated import stopping
 
     try:
-        if args.command == "fit":
-            _fit(_run_parser(), args.fit)
-        elif args.command in ("validate", "test"):
-            _evaluate(args[args.command], args.command)
-        elif args.command == "data" and args.data.data_command == "synth":
-            synth(**args.data.synth.as_dict())
-        elif args.command == "configs":
-            _configs(args.configs)
-        elif args.command == "report":
-            _report(args.report)
-        elif args.command == "data" and args.data.data_command == "check":
-            from fedmtl.data.check import check_command
-
-            check_command(args.data.check.root, args.data.check.dataset, progress=_terminal())
-        elif args.command == "data" and args.data.data_command == "prepare":
-            from fedmtl.data.prepare import prepare_command
-
-            prepare_command(args.data.prepare.archives, args.data.prepare.root, progress=_terminal())
+        _COMMANDS[args.command](args[args.command])
     except (FileNotFoundError, ValueError, KeyError) as err:
         from fedmtl.federated.health import RunStopped
 

@@ -58,15 +58,15 @@ class ModelConfig:
             false: load the tensors of pretrained_file whose names and shapes match and report how many.
         embed_dim: decoder width; null: the encoder's first-scale channels.
         channels_last: the channels-last memory layout for weights and inputs: the same model,
-            faster kernels for a small convolutional encoder on the CPU (the benchmark's clients
-            trained in 0.83-0.86x the time; README, "Measured here"); float rounding differs, so
+            faster kernels for a small convolutional encoder on the CPU (docs/performance.md, "Speed
+            options"); float rounding differs, so
             a run with it does not repeat one without it bit for bit.
         swin_windows: how a Swin encoder's shifted windows meet a feature map whose sides are not
             multiples of 7 (every stage at the paper's 512x512 and 448x576). mmseg: as
             mmsegmentation's Swin, the public FedHCA² encoder: pad, then shift, 7x7 windows and
             shift 3 at every stage and input size (so mmseg checkpoints fit at any size). timm:
             timm's order (shift, then pad; smaller windows, no shift, for maps of 7 or less),
-            fedmtl's Swin before issue #25. Same weights and names either way; the features differ
+            fedmtl's earlier order. Same weights and names either way; the features differ
             (fedmtl/models/swin_windows.py). It applies to swin_t/s/b and timm's other
             swin_transformer models; other backbones (Swin V2 included) ignore it.
     """
@@ -223,7 +223,7 @@ class DataConfig:
         scale_range: [min, max] of the training augmentation's random rescaling, 0 < min <= max;
             the public code's [0.5, 2.0] by default. [1.0, 1.0] turns it off, as the benchmark
             does: on 32x32 images depth / factor asks a from-scratch model for a zoom it cannot
-            see, and depth stayed worse than the mean (README, "What it takes to learn").
+            see, and depth stayed worse than the mean (docs/benchmark.md, "The recipe and why").
         human_parts_selection: which PASCAL-Context training images a human_parts client keeps and
             labels. correct: a parts-only client keeps exactly its images with a person; every
             image is labelled from its own annotation. public: the public FedHCA² loader's
@@ -291,7 +291,7 @@ class EvaluationConfig:
         batch_size: evaluation batch size.
         edge_thin_gt: edge odsF matches against the thinned ground-truth boundary, as the
             authors' SEISM evaluation does (true); false: against the boundary map as the data
-            gives it, fedmtl's scoring before issue #25 (lower where boundaries are 2 px wide).
+            gives it, fedmtl's earlier scoring (lower where boundaries are 2 px wide).
         clients: how many clients the evaluations before the last one cover: a sample drawn
             once with the run's seed, so curves follow the same clients (null: every client).
             The last round's evaluation, which results.json reports, covers every client.

@@ -1,4 +1,4 @@
-"""Per-task losses of the FedHCA² training protocol (REFERENCE.md, "Tasks, losses").
+"""Per-task losses of the FedHCA² training protocol (docs/evaluation.md, "Tasks and losses").
 
 Pure functions of (prediction, target): ``pred`` is the raw head output [B, C, H, W];
 ``target`` is what the datasets return, batched: class maps and scalar maps [B, H, W],

@@ -99,8 +99,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Method:
-    """A table row: one run, or the runs of one config with different seeds (sorted by seed)."""
+class RunGroup:
+    """The runs behind one table row (one "method" of the report): one run, or the runs of one
+    config with different seeds (sorted by seed)."""
 
     label: str
     runs: tuple[Run, ...]
@@ -117,8 +118,8 @@ class Method:
 @dataclass(frozen=True)
 class Report:
     columns: tuple[Column, ...]
-    methods: tuple[Method, ...]  # the baseline first
-    baseline: Method
+    methods: tuple[RunGroup, ...]  # the baseline first
+    baseline: RunGroup
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ def _few(items: Iterable[str], shown: int = 4) -> str:
 # ---------------------------------------------------------------------------- rows and the baseline
 
 
-def group_runs(runs: Sequence[Run]) -> list[Method]:
+def group_runs(runs: Sequence[Run]) -> list[RunGroup]:
     """Runs of one config with distinct seeds form one method; any other run is its own."""
     by_config: dict[str, list[Run]] = {}
     for run in runs:
@@ -297,21 +298,21 @@ def group_runs(runs: Sequence[Run]) -> list[Method]:
         seeds = [run.seed for run in same]
         if len(same) > 1 and len(set(seeds)) == len(seeds):
             ordered = sorted(same, key=lambda r: (r.seed is not None, r.seed or 0))
-            methods.append(Method(same[0].algorithm, tuple(ordered)))
+            methods.append(RunGroup(same[0].algorithm, tuple(ordered)))
         else:
-            methods.extend(Method(run.name, (run,)) for run in same)
+            methods.extend(RunGroup(run.name, (run,)) for run in same)
     return _with_unique_labels(methods)
 
 
-def _with_unique_labels(methods: list[Method]) -> list[Method]:
+def _with_unique_labels(methods: list[RunGroup]) -> list[RunGroup]:
     labels = [m.label for m in methods]
     return [
-        m if labels.count(m.label) == 1 else Method(", ".join(str(r.path) for r in m.runs), m.runs)
+        m if labels.count(m.label) == 1 else RunGroup(", ".join(str(r.path) for r in m.runs), m.runs)
         for m in methods
     ]
 
 
-def choose_baseline(methods: Sequence[Method], baseline: str | None = None) -> Method:
+def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) -> RunGroup:
     """The method named by ``baseline`` (a run directory or a row label), else the Local one."""
     labels = ", ".join(m.label for m in methods)
     if baseline is None:
@@ -353,7 +354,7 @@ def build_report(paths: Sequence[str | Path], baseline: str | None = None) -> Re
     return Report(columns=runs[0].columns, methods=ordered, baseline=chosen)
 
 
-def paired_runs(method: Method, baseline: Method) -> list[tuple[Run, Run]]:
+def paired_runs(method: RunGroup, baseline: RunGroup) -> list[tuple[Run, Run]]:
     """Each run of ``method`` with the baseline run of the same seed; raises when one lacks it."""
     by_seed = {run.seed: run for run in baseline.runs}
     pairs = []
@@ -394,7 +395,7 @@ def paired_delta_m(run: Run, base: Run, columns: Sequence[Column]) -> float:
     return delta_m(run.metrics, base.metrics, {c.key for c in columns if c.lower_is_better})
 
 
-def check_baseline_defined(baseline: Method, columns: Sequence[Column]) -> None:
+def check_baseline_defined(baseline: RunGroup, columns: Sequence[Column]) -> None:
     """Δm divides by the baseline's values: a 0 (an mIoU of an untrained model) leaves it undefined."""
     for run in baseline.runs:
         zero = [f"{c.key} {c.metric}" for c in columns if run.metrics[c.key] == 0]

@@ -162,7 +162,7 @@ def client_states(run_dir: Path, clients: int = TINY_CLIENTS) -> list[dict]:
 
 # ---------------------------------------------------------------------------- a hand round
 
-# BASELINES.md §3.2 test (a): clients A:semseg, B:depth, C:semseg+normals (shards 1000, 1000,
+# FedAvg's hand case: clients A:semseg, B:depth, C:semseg+normals (shards 1000, 1000,
 # 795); trained encoders 1, 2, 6 and decoders A:semseg (1,1), B:depth (3,3), C:semseg (0,0),
 # C:normals (4,0), each given as start + Δ with both parts exact in float32.
 HAND_ENCODERS_PREV, HAND_ENCODER_DELTAS = [[0.5], [1.5], [4.0]], [[0.5], [0.5], [2.0]]
@@ -204,7 +204,7 @@ def round_from_trained(
 
 
 def hand_round(round_: int = 1, participants: tuple[int, ...] | None = None):
-    """The §3.2 hand case as a server's :class:`~fedmtl.aggregation.RoundInput`."""
+    """FedAvg's hand case (above) as a server's :class:`~fedmtl.aggregation.RoundInput`."""
     import torch
 
     from fedmtl.aggregation import FlatLayout, RoundInput, decoder_owners_of

@@ -242,6 +242,13 @@ def test_registry_holds_the_methods_by_class_name():
         METHODS.get("FedAvgg")
 
 
+def test_the_package_exports_each_name_once_and_every_name_exists():
+    import fedmtl.aggregation as aggregation
+
+    assert len(aggregation.__all__) == len(set(aggregation.__all__))
+    assert [name for name in aggregation.__all__ if not hasattr(aggregation, name)] == []
+
+
 def test_register_rejects_non_methods_and_duplicates():
     with pytest.raises(TypeError, match="only Method subclasses"):
         register_method(dict)

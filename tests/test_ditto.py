@@ -1,4 +1,4 @@
-"""Ditto (BASELINES.md §3.5): the personal pull by hand, the global track as a FedAvg-HC run bit
+"""Ditto (docs/methods.md, Ditto): the personal pull by hand, the global track as a FedAvg-HC run bit
 for bit, λ = 0 as Local, what is evaluated and logged, the two optimisers, and bad input."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from tests.helpers import client_states, fit_each, read_results
 ROUNDS = 3
 
 
-# ---------------------------------------------------------------------------- hand case (a)
+# ---------------------------------------------------------------------------- hand case
 
 
 def test_hand_case_term_gradient_and_one_sgd_step():
-    """§3.5 test (a): v=(1,−1), w̄=(0,0), λ=0.1 → λ/2·‖v‖² = 0.1, gradient λ(v − w̄) = (0.1, −0.1);
+    """Hand case: v=(1,−1), w̄=(0,0), λ=0.1 → λ/2·‖v‖² = 0.1, gradient λ(v − w̄) = (0.1, −0.1);
     one SGD step at lr 0.5 with no task loss: v′ = v − 0.5·0.1·v = (0.95, −0.95)."""
     v = nn.Parameter(torch.tensor([1.0, -1.0], dtype=torch.float64))
     anchor = torch.zeros(2, dtype=torch.float64)
@@ -142,7 +142,7 @@ def _differs(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("ditto", ["ditto", "ditto0"])
 def test_global_track_is_a_fedavg_run_bit_for_bit(runs, ditto):
-    """§3.5 test (b): training the personal model in between (with or without its pull)
+    """Training the personal model in between (with or without its pull)
     changes nothing of the global track: after 3 rounds its models are FedAvg-HC's, bit for
     bit, and so are its metrics (reported as ``also_evaluated.global``)."""
     for fedavg, state in zip(client_states(runs["fedavg"]), client_states(runs[ditto]), strict=True):
@@ -151,7 +151,7 @@ def test_global_track_is_a_fedavg_run_bit_for_bit(runs, ditto):
 
 
 def test_lambda_zero_personal_track_is_a_local_run_bit_for_bit(runs):
-    """§3.5 test (c): with λ = 0 the personal track trains exactly like a Local client (same
+    """With λ = 0 the personal track trains exactly like a Local client (same
     start, batches, optimiser and schedule): after 3 rounds the same bits, moments included."""
     for local, state in zip(client_states(runs["local"]), client_states(runs["ditto0"]), strict=True):
         track = state["personal"]["track"]
@@ -194,7 +194,7 @@ def test_positive_lambda_personal_model_is_its_own(runs):
 
 
 def test_personal_track_has_its_own_optimizer_and_schedule(runs):
-    """§4.3: one persistent optimiser per trained model (Ditto: two). The personal AdamW
+    """One persistent optimiser per trained model (Ditto: two). The personal AdamW
     state exists, is stored apart from the global track's, and holds different moments."""
     for state in client_states(runs["ditto"]):
         track = state["personal"]["track"]

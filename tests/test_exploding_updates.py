@@ -164,8 +164,7 @@ def test_two_processes_drop_the_exploding_client_as_one(tmp_path, data_root):
 
 def test_the_check_changes_nothing_in_a_healthy_run(tmp_path, data_root):
     """The default limit never fires on a healthy run, and checking costs no change: the
-    results equal a run without the check, bit for bit (the benchmark's runs grew at most
-    1.3 times, README)."""
+    results equal a run without the check, bit for bit."""
     config = tiny_config(tmp_path, data_root, rounds=2, algorithm={"class_path": "FedAvg"})
     checked = fit(config, tmp_path / "checked")
     assert checked == fit(config, tmp_path / "unchecked", "--update_norm_limit", "null")

@@ -1,4 +1,4 @@
-"""FedAMP (BASELINES.md §3.6): the message-passing weights and cloud models by hand (exponential
+"""FedAMP (docs/methods.md, FedAMP): the message-passing weights and cloud models by hand (exponential
 kernel and HeurFedAMP), the proximal pull to the cloud model, where the cloud goes on the
 client, FedAMP against Local and FedAvg end to end, and bad hyper-parameters named by their field."""
 
@@ -20,7 +20,7 @@ from fedmtl.methods.fedamp import FedAMP
 from tests.helpers import client_states, fit_each, read_results, round_from_trained
 
 ROUNDS = 2
-ATOL = 5e-7  # the hand values of §3.6 are given to 6 decimals
+ATOL = 5e-7  # the hand values below are given to 6 decimals
 
 
 def _splits(w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -42,8 +42,8 @@ def _w(rows: list[list[float]], dtype: torch.dtype = torch.float64) -> torch.Ten
 # ---------------------------------------------------------------------------- hand cases (a)-(d)
 
 
-def test_hand_case_a_two_models_one_apart():
-    """§3.6 (a): w1=(0,0), w2=(1,0): d=1, ξ_12 = e^{−1}; ξ = [[0.632121, 0.367879],
+def test_hand_case_two_models_one_apart():
+    """w1=(0,0), w2=(1,0): d=1, ξ_12 = e^{−1}; ξ = [[0.632121, 0.367879],
     [0.367879, 0.632121]], u1=(0.367879, 0), u2=(0.632121, 0)."""
     w = _w([[0, 0], [1, 0]])
     expected_xi = torch.tensor([[0.632121, 0.367879], [0.367879, 0.632121]], dtype=torch.float64)
@@ -55,8 +55,8 @@ def test_hand_case_a_two_models_one_apart():
         torch.testing.assert_close(u, expected_u, rtol=0, atol=ATOL)
 
 
-def test_hand_case_b_three_models():
-    """§3.6 (b): w=(0,0), (1,0), (0,2): d_12=1, d_13=4, so row 1 = (1−e^{−1}−e^{−4}, e^{−1}, e^{−4})
+def test_hand_case_three_models():
+    """w=(0,0), (1,0), (0,2): d_12=1, d_13=4, so row 1 = (1−e^{−1}−e^{−4}, e^{−1}, e^{−4})
     = (0.613805, 0.367879, 0.018316) and u1 = (0.367879, 2·0.018316) = (0.367879, 0.036631)."""
     w = _w([[0, 0], [1, 0], [0, 2]])
     row = torch.tensor([0.613805, 0.367879, 0.018316], dtype=torch.float64)
@@ -69,8 +69,8 @@ def test_hand_case_b_three_models():
         )
 
 
-def test_hand_case_c_nearly_equal_models_extrapolate_and_are_not_clipped():
-    """§3.6 (c): w=(0,0), (0.1,0), (0,0.1): ξ_12 = ξ_13 = e^{−0.01} ≈ 0.990050, so
+def test_hand_case_nearly_equal_models_extrapolate_and_are_not_clipped():
+    """w=(0,0), (0.1,0), (0,0.1): ξ_12 = ξ_13 = e^{−0.01} ≈ 0.990050, so
     ξ_11 = 1 − 2·0.990050 = −0.980100 — negative, reproduced as it is (clipping to [0, 1]
     would give ξ_11 = 0 or renormalised rows) — and u1 = (0.099005, 0.099005), outside the
     convex hull of the three models (there x + y ≤ 0.1), as pitfall (c) expects."""
@@ -86,8 +86,8 @@ def test_hand_case_c_nearly_equal_models_extrapolate_and_are_not_clipped():
         torch.testing.assert_close(xi.sum(dim=1), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
-def test_hand_case_d_far_models_keep_their_own_weights_in_fp32():
-    """§3.6 (d): d=36 gives ξ_12 = e^{−36} = 2.32e-16 (the scale collapse of pitfall (b) in
+def test_hand_case_far_models_keep_their_own_weights_in_fp32():
+    """d=36 gives ξ_12 = e^{−36} = 2.32e-16 (the collapse of the weights of distant models, in
     small): in float32, 1 − 2.32e-16 is 1 and 7·2.32e-16 vanishes next to 1, so u equals w
     bit for bit."""
     w = _w([[1, 2], [7, 2]], torch.float32)  # ‖w1 − w2‖² = 36
@@ -139,8 +139,8 @@ def test_weights_are_float64_and_rows_sum_to_one_whatever_the_input_dtype(rows, 
 # ---------------------------------------------------------------------------- HeurFedAMP (f)
 
 
-def test_hand_case_f_heuristic_fedamp():
-    """§3.6 (f): σ=1, ξ_ii=0.5, w=(1,0), (1,1), (0,1). cos(w1,w2)=1/√2, cos(w1,w3)=0, so
+def test_hand_case_heuristic_fedamp():
+    """σ=1, ξ_ii=0.5, w=(1,0), (1,1), (0,1). cos(w1,w2)=1/√2, cos(w1,w3)=0, so
     row 1 = (0.5, 0.5·e^{0.7071}/(e^{0.7071}+1), 0.5/(e^{0.7071}+1)) = (0.5, 0.334881, 0.165119)
     and u1 = (0.5 + 0.334881, 0.334881 + 0.165119) = (0.834881, 0.5). Row 2: w2 is equally
     close to both, (0.25, 0.5, 0.25), u2 = (0.75, 0.75)."""
@@ -175,8 +175,8 @@ CLIENTS = [
     ClientInfo("C", "nyud", ("semseg", "normals"), 795),
 ]
 LAYOUT = FlatLayout(names=("w",), shapes=((2,),), dtypes=(torch.float32,), tensor_layers=("",))
-ENCODERS = [[0, 0], [1, 0], [0, 2]]  # case (b)
-# Decoders A:semseg, B:depth, C:semseg, C:normals: the first three are case (b) again; the
+ENCODERS = [[0, 0], [1, 0], [0, 2]]  # the three-model hand case
+# Decoders A:semseg, B:depth, C:semseg, C:normals: the first three are the three-model case again; the
 # last is far from all (d ≥ 52, ξ < 3e-23), so it keeps itself and adds nothing to the others.
 DECODERS = [[0, 0], [1, 0], [0, 2], [6, 6]]
 
@@ -188,7 +188,7 @@ def _round(participants: tuple[int, ...] | None = None) -> RoundInput:
 
 
 def test_aggregate_gives_every_encoder_and_every_decoder_its_own_cloud():
-    """One cloud per encoder slot (case (b) over the three encoders) and one per decoder slot,
+    """One cloud per encoder slot (the three-model case over the three encoders) and one per decoder slot,
     pooled across tasks: A's semseg decoder takes 0.367879 of B's *depth* decoder."""
     inputs = _round()
     out = FedAMP().aggregate(inputs)
@@ -221,7 +221,7 @@ def test_aggregate_does_not_modify_its_input():
 
 
 def test_xi_self_of_every_encoder_slot_is_logged_by_client_name():
-    """log_values() reports ξ_ii of the encoder pool: case (b) rows 1-3 are
+    """log_values() reports ξ_ii of the encoder pool: the three-model case's rows 1-3 are
     1−e^{−1}−e^{−4} = 0.613805, 1−e^{−1}−e^{−5} = 0.625383, 1−e^{−4}−e^{−5} = 0.974946."""
     method = FedAMP()
     assert method.log_values() == {}
@@ -254,8 +254,8 @@ class _Toy(nn.Module):
         self.heads = nn.ModuleDict({t: nn.Linear(2, 3) for t in tasks})
 
 
-def _case_e_model() -> nn.Module:
-    """BASELINES §3.6 case (e): encoder (1, 2), semseg decoder (0.5, −1) and a head (9)."""
+def _proximal_case_model() -> nn.Module:
+    """The proximal pull's hand case: encoder (1, 2), semseg decoder (0.5, −1) and a head (9)."""
     model = nn.Module()
     model.encoder = _Vec([1.0, 2.0])
     model.decoders = nn.ModuleDict({"semseg": _Vec([0.5, -1.0])})
@@ -400,8 +400,8 @@ def test_frozen_parameters_are_not_in_the_penalty():
         assert id(model.encoder.bias) in ids
 
 
-def test_hand_case_e_proximal_term_and_its_gradient():
-    """§3.6 (e): w=(1,2), u=0, λ=α_k=1: λ/(2α_k)·‖w‖² = 2.5, gradient (λ/α_k)·w = (1, 2) by
+def test_hand_case_proximal_term_and_its_gradient():
+    """w=(1,2), u=0, λ=α_k=1: λ/(2α_k)·‖w‖² = 2.5, gradient (λ/α_k)·w = (1, 2) by
     autograd (the public codes' ``p.data`` form has none). Through ``Penalty`` and through
     ``FedAMP.penalty`` with the cloud encoder at 0 and the cloud decoder at the decoder itself
     (so the decoder adds 0 and gets a zero gradient)."""
@@ -411,7 +411,7 @@ def test_hand_case_e_proximal_term_and_its_gradient():
     assert term.item() == 2.5
     assert torch.equal(w.grad, torch.tensor([1.0, 2.0]))
 
-    model = _case_e_model()
+    model = _proximal_case_model()
     ctx = _context(model)
     method = FedAMP(lam=1.0, alpha_k=1.0)
     method.receive(ctx, torch.zeros(2), {"semseg": torch.tensor([0.5, -1.0])})
@@ -424,8 +424,8 @@ def test_hand_case_e_proximal_term_and_its_gradient():
 
 
 def test_penalty_coefficient_is_lambda_over_alpha_k():
-    """λ=3, α_k=2 on case (e): 1.5/2·5 = 3.75, gradient 1.5·(1, 2) = (1.5, 3)."""
-    model = _case_e_model()
+    """λ=3, α_k=2 on the proximal pull's hand case: 1.5/2·5 = 3.75, gradient 1.5·(1, 2) = (1.5, 3)."""
+    model = _proximal_case_model()
     ctx = _context(model)
     method = FedAMP(lam=3.0, alpha_k=2.0)
     method.receive(ctx, torch.zeros(2), {"semseg": torch.tensor([0.5, -1.0])})
@@ -476,7 +476,7 @@ def _slot_rows(
 
 
 def test_fedamp_trains_differently_from_local_and_from_fedavg(runs):
-    """§3.6 (g): with the same seed, the pull towards u changes every client's model against
+    """With the same seed, the pull towards u changes every client's model against
     Local (where the public codes' gradient-free term would leave it equal), and the clients
     keep different encoders (FedAvg's would be bitwise equal)."""
     fedamp = client_states(runs["FedAMP"])

@@ -1,4 +1,4 @@
-"""FedAvg-HC (BASELINES.md §3.2) and its aggregation scopes: the hand cases, every scope of
+"""FedAvg-HC (docs/methods.md, FedAvg) and its aggregation scopes: the hand cases, every scope of
 each pool, client sampling, and the write-back that leaves heads and BatchNorm statistics alone."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from tests.helpers import (
     hand_round,
 )
 
-# ---------------------------------------------------------------------------- §3.2 hand cases
+# ---------------------------------------------------------------------------- hand cases
 
 
 def test_hand_case_encoders_three_and_every_decoder_two_one():
-    """§3.2 (a): encoders 1, 2, 6 → 3 everywhere; the four decoders of three different tasks
+    """Hand case: encoders 1, 2, 6 → 3 everywhere; the four decoders of three different tasks
     → (2, 1) in every slot (the paper's FedAvg pools decoders across tasks)."""
     out = FedAvg().aggregate(hand_round())
     assert torch.equal(out.encoders, torch.full((3, 1), 3.0))
@@ -33,7 +33,7 @@ def test_hand_case_encoders_three_and_every_decoder_two_one():
 
 
 def test_after_aggregation_all_encoders_and_all_decoders_are_bitwise_equal():
-    """§3.2 (b), on rows whose mean is not exact in binary: every slot gets the same bits."""
+    """On rows whose mean is not exact in binary, every slot gets the same bits."""
     inputs = hand_round()
     inputs.encoder_deltas += torch.tensor([[0.1], [0.2], [0.3]])
     inputs.decoder_deltas += 0.1
@@ -43,7 +43,7 @@ def test_after_aggregation_all_encoders_and_all_decoders_are_bitwise_equal():
 
 
 def test_sample_weighted_average_is_a_different_algorithm():
-    """§3.2 pitfall: shard sizes 1000/1000/795 and encoders 1, 2, 6 give 7770/2795 ≈ 2.78, not 3."""
+    """The weighting pitfall: shard sizes 1000/1000/795 and encoders 1, 2, 6 give 7770/2795 ≈ 2.78, not 3."""
     out = FedAvg(weighted=True).aggregate(hand_round())
     assert out.encoders[:, 0].tolist() == pytest.approx([7770 / 2795] * 3, rel=1e-6)
     assert round(out.encoders[0, 0].item(), 2) == 2.78
@@ -145,7 +145,7 @@ def test_with_sampling_a_same_task_group_without_participants_is_left_alone():
 
 
 def test_receive_overwrites_encoder_and_decoders_and_leaves_heads_and_bn_statistics():
-    """§3.2 (b): heads and BatchNorm buffers are bitwise unchanged by the server's output;
+    """Heads and BatchNorm buffers are bitwise unchanged by the server's output;
     encoder and decoder parameters become exactly the rows received."""
     torch.manual_seed(0)
     model = MultiTaskModel("nyud", ("semseg", "depth"), img_size=(32, 32))

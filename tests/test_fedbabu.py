@@ -1,4 +1,4 @@
-"""FedBABU (BASELINES.md §3.8): heads frozen at their task-seeded initialisation for all R rounds
+"""FedBABU (docs/methods.md, FedBABU): heads frozen at their task-seeded initialisation for all R rounds
 (out of the optimiser, so not even AdamW's weight decay moves them), encoders averaged,
 decoders personal, and a fine-tuned copy evaluated after the last round without touching the
 federated state. The AdamW pitfall by hand, the hooks on toy models, the server on a hand
@@ -20,11 +20,12 @@ from fedmtl.config import OptimizerConfig
 from fedmtl.federated import checkpoint
 from fedmtl.federated.client import make_optimizer
 from fedmtl.methods import FedAvg, create_method
-from fedmtl.methods.base import derive_seed, parameters_of
 from fedmtl.methods.fedbabu import FedBABU
 from fedmtl.models import MultiTaskModel
 from fedmtl.models.decoder import Head
+from fedmtl.seeds import derive_seed
 from fedmtl.tasks import get_task
+from fedmtl.tensors import parameters_of
 from tests.helpers import client_states, fit, fit_refused, hand_round, recording_training, tiny_config
 
 ROUNDS = 2
@@ -58,11 +59,11 @@ def _loss(model: _Toy) -> torch.Tensor:
     return model.heads["semseg"](model.decoders["semseg"](model.encoder(x))).square().sum()
 
 
-# ---------------------------------------------------------------------------- hand case (a)
+# ---------------------------------------------------------------------------- hand case
 
 
 def test_a_zeroed_gradient_under_adamw_still_moves_the_parameter():
-    """§3.8 test (a), the pitfall: FL-bench "freezes" with ``grad.zero_()``, but AdamW skips a
+    """The freezing pitfall: FL-bench "freezes" with ``grad.zero_()``, but AdamW skips a
     parameter only when its grad is None. One step (lr 1e-3, wd 1e-2) on p = 1.0 with grad 0
     applies the decoupled weight decay p·(1 − lr·wd) = 0.99999000 (Adam's own step is
     0/(√0 + ε) = 0)."""
@@ -287,7 +288,7 @@ def _results(run_dir: Path) -> dict:
 
 
 def test_heads_stay_at_their_initial_values_in_every_round(runs):
-    """§3.8 test (b): after each of the R rounds, every client's federated heads are bitwise
+    """After each of the R rounds, every client's federated heads are bitwise
     their task-seeded initial values; encoders and decoders did train."""
     initial = [model.state_dict() for model in _initial_models()]
     for round_ in range(1, ROUNDS + 1):
@@ -325,7 +326,7 @@ def test_the_trainer_leaves_heads_out_of_the_optimiser_and_frozen_in_every_round
 
 
 def test_fine_tuning_changes_the_heads_and_not_the_federated_state(runs):
-    """§3.8 test (c): the fine-tuned copy differs from the federated model in every head
+    """The fine-tuned copy differs from the federated model in every head
     tensor (and in encoder and decoders: everything is unfrozen), while the federated track
     — model, optimiser moments, epochs — is bitwise that of the same run with τ = 0."""
     for i, (tuned, plain) in enumerate(

@@ -1,10 +1,13 @@
-"""FedDEA as a plug-in over FedAvg, FedProx and FedOpt (BASELINES.md §3.10): the hand case,
-ρ = 1 as the host bit for bit, the mask's scope, the unified-model setting (heads shared per
-task) end to end, kill and resume, and one-line errors for bad options."""
+"""FedDEA as a plug-in over FedAvg, FedProx and FedOpt (docs/methods.md, FedDEA): a hand case
+of two clients' updates at ρ = 0.5, ρ = 1 as the host bit for bit, the hooks the host answers,
+the mask's scope, the unified-model setting (heads shared per task) end to end, kill and resume,
+the nested host on the command line, and one-line errors for bad options."""
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -18,9 +21,11 @@ from fedmtl.aggregation import (
     feddea_k,
     head_groups_of,
 )
+from fedmtl.cli import _run_parser
 from fedmtl.federated import checkpoint
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.feddea import FedDEA
+from fedmtl.methods.fedprox import FedProx
 from tests.helpers import (
     client_states,
     fit,
@@ -46,7 +51,7 @@ def _two_single_task_clients() -> list[ClientInfo]:
     return [ClientInfo("A", "nyud", ("semseg",), 10), ClientInfo("B", "nyud", ("depth",), 30)]
 
 
-# ---------------------------------------------------------------------------- §3.10 hand case
+# ---------------------------------------------------------------------------- the hand case
 
 
 def test_hand_case_masks_rescales_and_averages():
@@ -148,7 +153,7 @@ def test_rho_one_is_the_host_bit_for_bit_over_rounds(host):
     """Two rounds (the second with client sampling), heads shared: FedDEA(ρ=1) returns the
     host's bits and carries the same server state."""
     options = HOSTS[host]
-    feddea, plain = FedDEA(rho=1.0, host=host, **options), create_method(host, **options)
+    feddea, plain = FedDEA(rho=1.0, host=create_method(host, **options)), create_method(host, **options)
     for round_, participants in [(1, None), (2, (0, 2))]:
         inputs = _random_round(round_, participants, heads=True)
         a, b = feddea.aggregate(inputs), plain.aggregate(inputs)
@@ -164,10 +169,26 @@ def test_below_one_the_host_sees_masked_updates():
 
 def test_client_behaviour_is_the_hosts():
     """Over FedProx the clients train with FedProx's proximal term; over FedAvg with none."""
-    feddea = FedDEA(host="FedProx", mu=0.3)
-    assert type(feddea.host).__name__ == "FedProx" and feddea.host.mu == 0.3
-    assert FedDEA().host.penalty(None, None) is None  # FedAvg: no term (never reads its arguments)
-    assert feddea.shares_heads is False and FedDEA(head_scope="same_task").shares_heads is True
+    feddea = FedDEA(host=FedProx(mu=0.3))
+    assert type(feddea.host).__name__ == "FedProx" and feddea.mu == 0.3
+    assert FedDEA().penalty(None, None) is None  # FedAvg: no term (never reads its arguments)
+    assert feddea.shares_heads is False and FedDEA(host=FedAvg(head_scope="same_task")).shares_heads is True
+    assert FedDEA().host is not FedDEA().host  # the default FedAvg is each FedDEA's own
+
+
+def test_every_hook_it_does_not_define_is_the_hosts():
+    """Client hooks, the run's checks, participation, server state and logs: the host's, with
+    the arguments and results passed through untouched."""
+    feddea = FedDEA()
+    feddea.host = mock.MagicMock()
+    hooks = ["setup", "check_run", "participants", "init_client", "frozen", "penalty", "local_update"]
+    hooks += ["receive", "receive_heads", "finish", "evaluated_models", "encoder_rows"]
+    hooks += ["state_dict", "load_state_dict", "log_values", "log_matrices"]
+    for name in hooks:
+        assert getattr(feddea, name)(1, x=2) is getattr(feddea.host, name).return_value, name
+        getattr(feddea.host, name).assert_called_once_with(1, x=2)
+    for name in ["shares_heads", "streams", "finishes", "evaluated", "reads_every_client", "participation"]:
+        assert getattr(feddea, name) is getattr(feddea.host, name), name
 
 
 # ---------------------------------------------------------------------------- shared heads
@@ -216,10 +237,11 @@ UNIFIED = [
         "replicas": 2,
     }
 ]
-UNIFIED_ALGORITHM = {
-    "class_path": "FedDEA",
-    "init_args": {"rho": 0.25, "decoder_scope": "same_task", "head_scope": "same_task"},
+UNIFIED_HOST = {
+    "class_path": "FedAvg",
+    "init_args": {"decoder_scope": "same_task", "head_scope": "same_task"},
 }
+UNIFIED_ALGORITHM = {"class_path": "FedDEA", "init_args": {"rho": 0.25, "host": UNIFIED_HOST}}
 
 
 def _unified_config(tmp_path: Path, data_root: Path, algorithm=None, **changes) -> Path:
@@ -259,23 +281,17 @@ def test_unified_model_shares_encoder_and_each_tasks_decoder_and_head(tmp_path, 
 
 def test_rho_one_over_fedavg_is_fedavg_end_to_end(tmp_path, data_root):
     """Through the engine, heads shared: the same results and the same checkpoint tensors."""
-    options = {"decoder_scope": "same_task", "head_scope": "same_task"}
     dea = fit(
         _unified_config(
             tmp_path,
             data_root,
-            {"class_path": "FedDEA", "init_args": {"rho": 1.0, **options}},
+            {"class_path": "FedDEA", "init_args": {"rho": 1.0, "host": UNIFIED_HOST}},
             name="d.yaml",
             rounds=2,
         ),
         tmp_path / "dea",
     )
-    avg = fit(
-        _unified_config(
-            tmp_path, data_root, {"class_path": "FedAvg", "init_args": options}, name="a.yaml", rounds=2
-        ),
-        tmp_path / "avg",
-    )
+    avg = fit(_unified_config(tmp_path, data_root, UNIFIED_HOST, name="a.yaml", rounds=2), tmp_path / "avg")
     assert dea["clients"] == avg["clients"] and dea["unified"] == avg["unified"]
     for a, b in zip(client_states(tmp_path / "dea", 4), client_states(tmp_path / "avg", 4), strict=True):
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -284,7 +300,8 @@ def test_rho_one_over_fedavg_is_fedavg_end_to_end(tmp_path, data_root):
 def test_feddea_over_fedopt_killed_and_resumed_gives_the_same_run(tmp_path, data_root, monkeypatch):
     """FedOpt's moments are server state in the checkpoint: a run killed in round 3 and
     resumed ends with the results and client states of an uninterrupted run."""
-    algorithm = {"class_path": "FedDEA", "init_args": {"rho": 0.3, "host": "FedOpt", "server_lr": 0.05}}
+    fedopt = {"class_path": "FedOpt", "init_args": {"server_lr": 0.05}}
+    algorithm = {"class_path": "FedDEA", "init_args": {"rho": 0.3, "host": fedopt}}
     config = tiny_config(tmp_path, data_root, algorithm=algorithm)
     straight = fit(config, tmp_path / "straight")
     fit_killed_in_round(config, tmp_path / "resumed", monkeypatch, 3)
@@ -304,6 +321,26 @@ def test_two_processes_exchange_shared_heads_as_one(tmp_path, data_root):
     assert fit_in_processes(config, tmp_path / "two") == one
 
 
+# ---------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize(
+    "options, host, attribute, value",
+    [
+        ([], "FedAvg", "decoder_scope", "all"),
+        (["--algorithm.host", "FedProx", "--algorithm.host.mu", "0.3"], "FedProx", "mu", 0.3),
+        (["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "0.1"], "FedOpt", "optimizer.lr", 0.1),
+        (["--algorithm.host.head_scope", "same_task"], "FedAvg", "head_scope", "same_task"),
+    ],
+)
+def test_the_host_and_its_options_on_the_command_line(tmp_path, data_root, options, host, attribute, value):
+    config = tiny_config(tmp_path, data_root)
+    parser = _run_parser()
+    cfg = parser.instantiate(parser.parse_args(["--config", str(config), "--algorithm", "FedDEA", *options]))
+    assert type(cfg.algorithm).__name__ == "FedDEA" and type(cfg.algorithm.host).__name__ == host
+    assert operator.attrgetter(attribute)(cfg.algorithm.host) == value
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
@@ -314,10 +351,18 @@ def test_two_processes_exchange_shared_heads_as_one(tmp_path, data_root):
         (["--algorithm.rho", "1.5"], "algorithm.rho"),
         (["--algorithm.host", "FedHCA2"], "algorithm.host: FedDEA is not defined over FedHCA2"),
         (["--algorithm.host", "FedAMP"], "algorithm.host: FedDEA is not defined over FedAMP"),
-        (["--algorithm.host", "Scaffold"], "algorithm.host must be one of"),
-        (["--algorithm.host", "FedOpt", "--algorithm.server_lr", "0"], "algorithm.server_lr"),
-        (["--algorithm.host", "FedOpt", "--algorithm.server_lr", "-1"], "algorithm.server_lr"),
-        (["--algorithm.mu", "0.01"], "algorithm.mu is an option of host FedProx"),
+        (
+            ["--algorithm.host", "Scaffold"],
+            "Parser key \"algorithm.host\": no method named 'Scaffold'; FedDEA's hosts: FedAvg, FedProx, FedOpt",
+        ),
+        (["--algorithm.host", "FedPer"], "algorithm.host must be one of ['FedAvg', 'FedProx', 'FedOpt']"),
+        (["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "0"], "algorithm.server_lr"),
+        (["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "-1"], "algorithm.server_lr"),
+        (
+            ["--algorithm.host.mu", "0.01"],
+            "Parser key \"host\": Problem with given class_path 'fedmtl.methods.FedAvg': Option 'mu' is not accepted",
+        ),
+        (["--algorithm.mu", "0.01"], "Option 'mu' is not accepted"),
         (["--algorithm.scope", "layer"], "Parser key \"scope\": Expected a typing.Literal['unit', 'tensor']"),
     ],
 )
@@ -333,7 +378,7 @@ def test_a_bad_option_is_one_line_naming_the_field_and_nothing_is_written(
     "algorithm, options, field",
     [
         ("FedDEA", ["--algorithm.rescale", "maybe"], 'Parser key "rescale"'),
-        ("FedDEA", ["--algorithm.head_scope", "everyone"], 'Parser key "head_scope"'),
+        ("FedDEA", ["--algorithm.host.head_scope", "everyone"], 'Parser key "head_scope"'),
         ("FedAvg", ["--algorithm.head_scope", "all"], 'Parser key "head_scope"'),
     ],
 )
@@ -354,3 +399,48 @@ def test_fedopt_refuses_a_non_positive_server_lr_and_cluster_scopes(tmp_path, da
     ]:
         lines = fit_refused(config, tmp_path / "run", capsys, *options)
         assert len(lines) == 1 and field in lines[0], lines
+
+
+def _flat_feddea(host: str, **host_options) -> dict:
+    """FedDEA's saved config as runs wrote it before the host became a nested method."""
+    flat = dict.fromkeys(("mu", "server_optimizer", "server_lr", "beta1", "beta2", "tau"))
+    flat.update(
+        encoder_scope="all", decoder_scope="all", head_scope="none", weighted=False, participation=1.0
+    )
+    flat.update(host_options)
+    return {
+        "class_path": "fedmtl.methods.FedDEA",
+        "init_args": {"rho": 0.3, "scope": "unit", "rescale": True, "host": host, **flat},
+    }
+
+
+def test_a_run_saved_with_the_flat_host_resumes_and_validates(tmp_path, data_root, monkeypatch, capsys):
+    """A run whose config.yaml has the earlier flat form (``host: FedProx``, ``mu`` beside ``rho``)
+    is read with the host nested: the nested config resumes it to the uninterrupted run's results,
+    `fedmtl validate` evaluates it, and another host is still refused as a change."""
+    import yaml
+
+    from fedmtl.cli import main
+
+    algorithm = {
+        "class_path": "FedDEA",
+        "init_args": {"rho": 0.3, "host": {"class_path": "FedProx", "init_args": {"mu": 0.05}}},
+    }
+    config = tiny_config(tmp_path, data_root, algorithm=algorithm, rounds=2)
+    straight = fit(config, tmp_path / "straight")
+    run = tmp_path / "resumed"
+    fit_killed_in_round(config, run, monkeypatch, 2)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["algorithm"] = _flat_feddea("FedProx", mu=0.05)
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    other = tiny_config(
+        tmp_path,
+        data_root,
+        name="other.yaml",
+        rounds=2,
+        algorithm={"class_path": "FedDEA", "init_args": {"rho": 0.3}},
+    )
+    assert main(["fit", "--config", str(other), "--run_dir", str(run), "--resume", "true"]) != 0
+    assert "host.class_path: 'fedmtl.methods.FedProx' -> 'fedmtl.methods.FedAvg'" in capsys.readouterr().err
+    assert fit(config, run, "--resume", "true") == straight
+    assert main(["validate", "--run_dir", str(run)]) == 0

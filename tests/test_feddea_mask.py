@@ -1,4 +1,4 @@
-"""FedDEA's update transform (BASELINES.md §3.10): the hand case, exactly k survivors with ties,
+"""FedDEA's update transform (docs/methods.md, FedDEA): the hand case, exactly k survivors with ties,
 equality with a full stable sort on hard inputs, ρ = 1 as identity, purity and bad ρ."""
 
 import math
@@ -59,7 +59,7 @@ INPUTS = _inputs()
 
 
 def test_hand_case_of_baselines_3_10_with_rho_one_half():
-    """BASELINES.md §3.10 with ρ = 0.5: Δ1 = (0.5, −2, 0.1, 1) → (0, −4, 0, 2) and
+    """Hand case, ρ = 0.5: Δ1 = (0.5, −2, 0.1, 1) → (0, −4, 0, 2) and
     Δ2 = (1, 0.2, −0.3, 0) → (2, 0, −0.6, 0); their mean (1, −2, −0.3, 1) is the server
     update, against plain FedAvg's (0.75, −0.9, −0.1, 0.5)."""
     deltas = torch.tensor([[0.5, -2.0, 0.1, 1.0], [1.0, 0.2, -0.3, 0.0]], dtype=torch.float64)

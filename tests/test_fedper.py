@@ -1,4 +1,4 @@
-"""FedPer (BASELINES.md §3.4): encoders averaged over all clients, decoders and heads personal."""
+"""FedPer (docs/methods.md, FedPer): encoders averaged over all clients, decoders and heads personal."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedmtl.methods import create_method
-from fedmtl.methods.base import derive_seed
 from fedmtl.models import MultiTaskModel
+from fedmtl.seeds import derive_seed
 from tests.helpers import HAND_DECODERS_TRAINED, client_states, fit, hand_round, tiny_config
 
 
@@ -22,7 +22,7 @@ def test_server_averages_encoders_and_returns_every_decoder_as_trained():
 
 
 def test_weighted_fedper_weighs_encoders_by_sample_counts_and_still_keeps_decoders():
-    """§3.2 pitfall: shards 1000/1000/795 and encoders 1, 2, 6 give 7770/2795 = 2.78, not 3."""
+    """FedAvg's weighting pitfall: shards 1000/1000/795 and encoders 1, 2, 6 give 7770/2795 = 2.78, not 3."""
     out = create_method("FedPer", weighted=True).aggregate(hand_round())
     assert out.encoders[:, 0].tolist() == pytest.approx([7770 / 2795] * 3, rel=1e-6)
     assert round(7770 / 2795, 2) == 2.78

@@ -1,4 +1,4 @@
-"""FedProx (BASELINES.md §3.3): the proximal term by hand, its gradient, its scope, μ = 0 as FedAvg-HC
+"""FedProx (docs/methods.md, FedProx): the proximal term by hand, its gradient, its scope, μ = 0 as FedAvg-HC
 bit for bit, μ > 0 end to end, and bad hyper-parameters named by their field."""
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def _move_away(model: nn.Module) -> None:
             p.add_((-1) ** k * torch.linspace(0.5, 1.5, p.numel()).reshape(p.shape))
 
 
-# ---------------------------------------------------------------------------- hand case (a)
+# ---------------------------------------------------------------------------- hand case
 
 
 def test_hand_case_term_and_gradient_through_proximal_term():
-    """§3.3 test (a): w=(1,2), θ̂=(0,1), μ=0.01 → 0.01/2·‖(1,1)‖² = 0.010000, gradient μ(w−θ̂)
+    """Hand case: w=(1,2), θ̂=(0,1), μ=0.01 → 0.01/2·‖(1,1)‖² = 0.010000, gradient μ(w−θ̂)
     = (0.01, 0.01), taken by autograd."""
     w = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
     anchor = torch.tensor([0.0, 1.0], dtype=torch.float64)
@@ -78,7 +78,7 @@ def test_hand_case_through_penalty_and_not_the_non_squared_norm():
 
 
 def test_penalty_alone_gives_grad_mu_times_distance_to_snapshot():
-    """§3.3 test (b): with the task loss off, p.grad = μ(p − p̂) and is non-zero. The public
+    """With the task loss off, p.grad = μ(p − p̂) and is non-zero. The public
     FMTL-Benchmark builds the term from ``.data`` and would give no gradient at all."""
     mu = 0.3
     model = _Toy()
@@ -165,7 +165,7 @@ def _metric_keys(run_dir: Path) -> set[tuple[int, str]]:
 
 
 def test_mu_zero_is_fedavg_bit_for_bit(runs):
-    """§3.3 test (c): μ = 0 skips the term, so FedProx is FedAvg-HC: the same metrics and
+    """μ = 0 skips the term, so FedProx is FedAvg-HC: the same metrics and
     the same bits in every client's final model."""
     fedavg, prox = read_results(runs["fedavg"]), read_results(runs["mu0"])
     assert prox["algorithm"] == "FedProx"

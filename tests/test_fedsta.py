@@ -1,4 +1,4 @@
-"""FedSTA (BASELINES.md §3.9): phase A is FedPer (encoders averaged, decoders and heads local);
+"""FedSTA (docs/methods.md, FedSTA): phase A is FedPer (encoders averaged, decoders and heads local);
 in phase B, the last R_B rounds, the encoder is frozen (out of the optimiser) and nothing is
 aggregated. The phase arithmetic, the server on hand rounds, the real engine and trainer end
 to end (phase A against FedPer bit for bit, phase B's constant encoders), and bad R_B."""
@@ -160,7 +160,7 @@ def _encoder_parameter_keys() -> tuple[str, ...]:
 
 
 def test_phase_b_rounds_zero_is_fedper_bit_for_bit(runs):
-    """§3.9 test (b): with R_B = 0 every round is phase A, so after 3 rounds every client's
+    """With R_B = 0 every round is phase A, so after 3 rounds every client's
     model and optimiser state are FedPer's, bit for bit, and so are the metrics."""
     for i, (fedper, sta) in enumerate(
         zip(client_states(runs["fedper"]["dir"]), client_states(runs["sta0"]["dir"]), strict=True)
@@ -171,7 +171,7 @@ def test_phase_b_rounds_zero_is_fedper_bit_for_bit(runs):
 
 
 def test_phase_a_of_a_two_phase_run_is_fedper_bit_for_bit(runs):
-    """§3.9 test (b), within a run with R_B = 2: round 1 (phase A) ends exactly where FedPer's
+    """Within a run with R_B = 2, round 1 (phase A) ends exactly where FedPer's
     round 1 ends; from round 2 the runs part (FedPer keeps training and averaging encoders)."""
     fedper, sta = runs["fedper"]["dir"], runs["sta2"]["dir"]
     for i, (a, b) in enumerate(zip(_round_states(fedper, 1), _round_states(sta, 1), strict=True)):
@@ -182,7 +182,7 @@ def test_phase_a_of_a_two_phase_run_is_fedper_bit_for_bit(runs):
 
 
 def test_encoders_are_bitwise_constant_through_phase_b(runs):
-    """§3.9 test (a): the encoder parameters every client holds after round 1 (the last phase-A
+    """The encoder parameters every client holds after round 1 (the last phase-A
     average, the same for all clients) are bitwise the ones after rounds 2 and 3, while
     decoders and heads keep training. (The encoder's BatchNorm running statistics are
     buffers, local to the client, and are not part of this.)"""

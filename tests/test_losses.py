@@ -1,4 +1,4 @@
-"""Losses against values computed by hand from their definitions (REFERENCE.md, Tasks)."""
+"""Losses against values computed by hand from their definitions (docs/evaluation.md, "Tasks and losses")."""
 
 import math
 

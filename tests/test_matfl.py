@@ -1,4 +1,4 @@
-"""MaT-FL (BASELINES.md §3.7): encoders averaged within clusters of their deviations from the mean
+"""MaT-FL (docs/methods.md, MaTFL): encoders averaged within clusters of their deviations from the mean
 (cosine distance, average linkage), decoders personal; the hand case, the limits K=1 and K=N,
 the zero-deviation fall-back, participation, refusals of bad input, and one tiny run."""
 
@@ -24,7 +24,7 @@ CLIENTS = [
     ClientInfo("D", "nyud", ("depth",), 80),
 ]
 LAYOUT = FlatLayout(names=("w",), shapes=((2,),), dtypes=(torch.float32,), tensor_layers=("",))
-# §3.7 (a): two pairs of nearly parallel deviations from the mean (0.5, 0.5).
+# The hand case: two pairs of nearly parallel deviations from the mean (0.5, 0.5).
 ENCODERS = [[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]]
 DECODERS = [[0.5, -1.0], [2.0, 3.0], [-0.25, 0.75], [4.0, 0.5], [1.5, 1.5]]
 
@@ -53,17 +53,17 @@ def _trained(inputs: RoundInput) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs.encoders_prev + inputs.encoder_deltas, inputs.decoders_prev + inputs.decoder_deltas
 
 
-# ---------------------------------------------------------------------------- hand case (a)
+# ---------------------------------------------------------------------------- hand case
 
 
-def test_hand_case_a_clusters():
-    """§3.7 (a): deviations from the mean (0.5, 0.5) are (0.5,−0.5), (0.4,−0.4), (−0.5,0.5),
+def test_hand_case_clusters():
+    """The hand case: deviations from the mean (0.5, 0.5) are (0.5,−0.5), (0.4,−0.4), (−0.5,0.5),
     (−0.4,0.4): two pairs at cosine distance 0 and 2 between them → {1,2} and {3,4}."""
     w = torch.tensor(ENCODERS, dtype=torch.float64)
     assert cosine_clusters(gram_matrix(w), 2) == [[0, 1], [2, 3]]
 
 
-def test_hand_case_a_new_encoders_through_aggregate():
+def test_hand_case_new_encoders_through_aggregate():
     """Averaging within the clusters: (0.95, 0.05) ×2 and (0.05, 0.95) ×2."""
     out = MaTFL().aggregate(_round())
     expected = torch.tensor([[0.95, 0.05], [0.95, 0.05], [0.05, 0.95], [0.05, 0.95]])
@@ -91,7 +91,7 @@ def test_as_many_clusters_as_clients_leaves_every_encoder_as_trained():
 
 @pytest.mark.parametrize("num_clusters", [1, 2, 3, 4])
 def test_decoders_are_returned_bitwise_as_trained(num_clusters):
-    """§3.7 (c): decoders are personal, whatever the encoders do."""
+    """Decoders are personal, whatever the encoders do."""
     inputs = _round()
     out = MaTFL(num_clusters=num_clusters).aggregate(inputs)
     out.check_against(inputs)
@@ -119,7 +119,7 @@ def test_a_zero_deviation_falls_back_to_one_cluster():
 
 
 def test_two_clients_in_two_clusters_is_local():
-    """§3.7 pitfall: with N=2 the deviations are exact opposites, two singletons."""
+    """The pitfall of two clients: their deviations are exact opposites, two singletons."""
     inputs = _round(ENCODERS[:2], CLIENTS[:2])
     out = MaTFL(num_clusters=2).aggregate(inputs)
     trained_encoders, trained_decoders = _trained(inputs)

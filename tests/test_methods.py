@@ -6,6 +6,7 @@ Each method's own behaviour and hand cases are in tests/test_<method>.py.
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import math
@@ -88,6 +89,25 @@ def _assert_equal_nested(a, b) -> None:
             _assert_equal_nested(x, y)
     else:
         assert a == b
+
+
+def test_no_method_module_imports_the_federated_engine():
+    """The dependency runs one way, fedmtl.federated -> fedmtl.methods: what both need lives in
+    neutral modules (fedmtl.tensors, fedmtl.seeds)."""
+    package = Path(__file__).resolve().parents[1] / "fedmtl" / "methods"
+    found = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):  # `from fedmtl import federated` too
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{path.name}: {name}" for name in names if name.split(".")[:2] == ["fedmtl", "federated"]
+            ]
+    assert found == []
 
 
 # --- client sampling ----------------------------------------------------------------------

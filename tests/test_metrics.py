@@ -1,4 +1,4 @@
-"""Tests of fedmtl.metrics on small hand-computed cases (REFERENCE.md, "Metrics").
+"""Tests of fedmtl.metrics on small hand-computed cases (docs/evaluation.md, "The metrics").
 
 Expected numbers are worked out by hand in the comment next to them; the remaining tests check
 against an independent implementation (skimage's thinning, scipy's Hopcroft-Karp, torchmetrics'

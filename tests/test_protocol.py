@@ -1,4 +1,4 @@
-"""The training protocol as the public FedHCA² code runs it (REFERENCE.md, "Local training"):
+"""The training protocol as the public FedHCA² code runs it (docs/differences.md):
 the learning-rate schedule and when it is stepped, training loaders that drop the last
 incomplete batch, and each client's own initial decoders and heads."""
 

@@ -19,6 +19,7 @@ from fedmtl.aggregation import (
 )
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows, StackedRows
 from fedmtl.methods import create_method
+from fedmtl.methods.fedopt import FedOpt
 
 P = 1000  # encoder columns: blocks of 97 leave a ragged last block
 
@@ -211,7 +212,7 @@ STREAMED = {
         "participation": 0.6,
     },
     "FedDEA": {},
-    "FedDEA-tensor-fedopt": {"class_path": "FedDEA", "scope": "tensor", "host": "FedOpt"},
+    "FedDEA-tensor-fedopt": {"class_path": "FedDEA", "scope": "tensor", "host": FedOpt()},
     "FedAMP": {"sigma": 1000.0, "alpha_k": 500.0},
     "FedAMP-heuristic-sampled": {"class_path": "FedAMP", "kernel": "heuristic", "participation": 0.5},
     "FedHCA2": {},
@@ -222,7 +223,7 @@ STREAMED = {
 
 @pytest.mark.parametrize("name", list(STREAMED))
 def test_streamed_step_equals_the_stacked_one(name):
-    options = dict(STREAMED[name])
+    options = copy.deepcopy(STREAMED[name])  # a host in it is a method, with server state
     method = create_method(options.pop("class_path", name), **options)
     assert method.streams
     rounds = 5  # FedSTA's phase B is the last round; FedHCA²'s α and β learn from round 2 on

@@ -54,8 +54,6 @@ __all__ = [
     "feddea_mask",
     "fedopt_init_state",
     "fedopt_step",
-    "feddea_k",
-    "feddea_mask",
     "gram_matrix",
     "group_means",
     "group_means_to",

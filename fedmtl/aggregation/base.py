@@ -4,7 +4,7 @@ An aggregator is a function of flat, stacked parameters (plus its own server sta
 FedHCA²'s hyper weights). It returns the new parameters of every client encoder and every
 decoder and never touches a model: the engine flattens the models into a :class:`RoundInput`
 and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads stay local
-(REFERENCE.md, "Setting"), except in the unified-model setting of FedDEA, where a method
+(the HC-FMTL setting: docs/index.md, "The setting"), except in the unified-model setting of FedDEA, where a method
 that asks for them (``Method.shares_heads``) also gets each (dataset, task)'s heads as a
 :class:`HeadGroup`.
 
@@ -228,8 +228,8 @@ class RoundInput:
     def homogeneous_groups(self) -> list[list[int]]:
         """Client indices grouped by equal (dataset, set of tasks), groups in first-member order.
 
-        REFERENCE.md: "Clients with the same dataset and the same task set form a homogeneous
-        group". Every client is in exactly one group (possibly of one).
+        Clients with the same dataset and the same task set form a homogeneous group (FedHCA²,
+        Sec. 3.3). Every client is in exactly one group (possibly of one).
         """
         groups: dict[tuple[str, frozenset[str]], list[int]] = {}
         for i, client in enumerate(self.clients):

@@ -1,4 +1,4 @@
-"""FedDEA's update transform (arXiv 2505.24185; BASELINES.md §3.10 and appendix B): in each
+"""FedDEA's update transform (arXiv 2505.24185; docs/methods.md, FedDEA): in each
 update keep the k = ⌈ρ·D⌉ entries of largest magnitude, zero the rest, rescale by 1/ρ.
 
 The selection is exact — the same set as a full sort — but costs a few passes over the row

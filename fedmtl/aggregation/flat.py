@@ -8,7 +8,7 @@ per-layer quantities (FedHCA²'s β, one per decoder layer) come from module str
 from the spelling of state_dict keys.
 
 Only parameters are laid out. Buffers such as BatchNorm running statistics stay local
-(REFERENCE.md, "Setting").
+(the HC-FMTL setting: docs/index.md, "The setting").
 
     layout = FlatLayout.from_module(model.encoder)
     prev = layout.stack([m.encoder for m in models])   # [N, P]

@@ -117,7 +117,7 @@ def conflict_averse_weights(gram: Tensor, c: float = 0.4) -> Tensor:
 
     Minimises F(w) = wᵀ G (𝟙/N) + c'·sqrt(wᵀ G w) subject to w ≥ 0, Σ w = 1, where
     c' = c·‖ḡ‖ and ‖ḡ‖ = sqrt(mean of G) is the norm of the mean update (FedHCA² Eq. 7-8;
-    REFERENCE.md, "Hyper Conflict-Averse encoder aggregation"). F is convex. The N×N problem
+    docs/methods.md, FedHCA2). F is convex. The N×N problem
     is scaled by the mean squared update norm (so tolerances do not depend on the updates'
     scale) and solved on the CPU by SLSQP from 𝟙/N, as the public code does, but with the
     analytic gradient and ftol 1e-15, then polished by Newton steps on the optimality
@@ -405,7 +405,7 @@ def fedamp_weights(gram: Tensor, alpha_k: float = 1.0, sigma: float = 1.0) -> Te
     """FedAMP's message-passing weights ξ [M, M] (float64) from the Gram matrix of M models.
 
     With A(x) = 1 − e^{−x/σ}: ξ_ij = α_k·e^{−d_ij/σ}/σ for j ≠ i and ξ_ii = 1 − Σ_{j≠i} ξ_ij,
-    d_ij = ‖w_i − w_j‖² (BASELINES.md §3.6). Rows sum to 1; ξ_ii may be negative (nearly equal
+    d_ij = ‖w_i − w_j‖² (docs/methods.md, FedAMP). Rows sum to 1; ξ_ii may be negative (nearly equal
     models with α_k/σ = 1 extrapolate beyond the convex hull) and is *not* clipped, as in the
     public implementations. Distances come from the float64 Gram (G_ii + G_jj − 2G_ij).
     """
@@ -452,7 +452,7 @@ def cosine_clusters(gram: Tensor, num_clusters: int) -> list[list[int]]:
     ``gram`` [M, M] is the Gram matrix of the models themselves; the deviations' Gram is
     C G C with C = I − 𝟙𝟙ᵀ/M, so no deviation vector is formed. Returns the clusters as
     sorted lists of row indices, ordered by their first member. A deviation of norm 0 makes
-    the cosine undefined: then every model is one cluster (FedAvg), as BASELINES.md §3.7 says.
+    the cosine undefined: then every model is one cluster (FedAvg; docs/methods.md, MaTFL).
     """
     from scipy.cluster import hierarchy
 

@@ -1,7 +1,7 @@
 """Decoded samples kept in memory, up to a byte budget (config ``data.cache_mib``).
 
-Decoding a batch's files (PNG, ``.npy``, ``.mat``) took about a sixth of a training step on
-the benchmark's 32x32 images (README, "Measured here"), and a client reads the same few images
+Decoding a batch's files (PNG, ``.npy``, ``.mat``) is a sizeable part of a training step on
+the benchmark's 32x32 images (docs/performance.md, "Speed options"), and a client reads the same few images
 every epoch. The cache holds what a dataset's ``_load`` returns, before the (random)
 transforms, so a cached sample is augmented afresh every epoch exactly as one read from disk:
 results do not change.

@@ -46,7 +46,7 @@ from fedmtl.data.layout import (
 )
 from fedmtl.data.pascal_context import human_parts_label
 
-# Images per split of the public releases (REFERENCE.md, "Datasets on disk").
+# Images per split of the public releases (docs/data.md, "The layouts").
 PUBLIC_COUNTS = {"pascal_context": {"train": 4998, "val": 5105}, "nyud": {"train": 795, "val": 654}}
 SHOWN_PROBLEMS = 5  # per dataset
 ARCHIVES = "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2)"

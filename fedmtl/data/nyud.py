@@ -7,8 +7,8 @@ depth in metres from ``.npy`` (0 = no measurement, ignored by the transforms).
 The edge label is ``edge/<id>.png`` in both splits. The public evaluation (innovator-zero/seism
 ``src/gt_wrappers/db_gt.m``, ``db_root_dir.m``) reads its ground truth elsewhere:
 ``groundTruth{1}.Boundaries`` of ``NYUDv2/edge_mat/<id>.mat``, passed through BSDS ``seg2bmap``
-by ``edgesEvalImg``. ``edge_mat/`` is not part of the release layout read here (REFERENCE.md,
-"Datasets on disk"), so validation keeps the png, unlike PASCAL-Context, whose validation
+by ``edgesEvalImg``. ``edge_mat/`` is not part of the release layout read here (docs/data.md,
+"The layouts"), so validation keeps the png, unlike PASCAL-Context, whose validation
 edges are rebuilt from the LabelMap as SEISM does (:func:`fedmtl.data.pascal_context.seg2bmap`).
 Whether the png equals those boundaries: not known.
 """

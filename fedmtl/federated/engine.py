@@ -63,7 +63,7 @@ from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
 from fedmtl.federated.scenario import build_clients
 from fedmtl.federated.sharding import assign_clients
-from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text, to_host
+from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text
 from fedmtl.federated.training import (
     LOSS_COLUMNS,
     PENALTY_SLOT,
@@ -71,13 +71,12 @@ from fedmtl.federated.training import (
     TOTAL_SLOT,
     LocalTrainer,
 )
-from fedmtl.methods.base import ClientContext, Method, derive_seed, new_track
+from fedmtl.methods.base import ClientContext, Method, new_track
 from fedmtl.models import reinitialise
+from fedmtl.seeds import derive_seed
 from fedmtl.tasks import get_task
-
-
-def _interactive() -> bool:
-    return sys.stderr.isatty()
+from fedmtl.tensors import to_host
+from fedmtl.terminal import interactive
 
 
 @contextlib.contextmanager
@@ -129,7 +128,7 @@ class Simulation:
         self.labels = [self.method.evaluated, *getattr(self.method, "also_evaluated", ())]
         self.history: list[dict[str, Any]] = []
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
-        self._bars = fabric.global_rank == 0 and _interactive()
+        self._bars = fabric.global_rank == 0 and interactive()
 
     # ------------------------------------------------------------------ data and modules
 

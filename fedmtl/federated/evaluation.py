@@ -12,7 +12,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from fedmtl.methods.base import derive_seed
+from fedmtl.seeds import derive_seed
 from fedmtl.tasks import get_task
 
 Table = Mapping[str, Mapping[str, float]]  # {client: {task: value}}

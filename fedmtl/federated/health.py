@@ -7,7 +7,7 @@ mask, so it travels between ranks as one number per client (:func:`describe` tur
 into words). What happens next is the run's ``nonfinite`` policy (see the engine).
 
 A finite update can be as harmful: one client at lr 1e5 passed the NaN check and, averaged
-in, sent the NYUD depth RMSE to 205.9 (issue #26); at lr 1e30 for every group the PASCAL-Context
+in, sent the NYUD depth RMSE to 205.9; at lr 1e30 for every group the PASCAL-Context
 clients' round-1 updates were finite but 1e30 in size (the NYUD client's was NaN, and dropped),
 so the round-1 checkpoint held those parameters and round 2 was NaN everywhere. So an update
 is also *exploding* when :func:`growth`, the norm of the update of a part of the model

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedmtl.federated import rundir
 from fedmtl.federated.health import all_finite, tensors_in
 from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
 
@@ -308,7 +309,7 @@ def record_inputs(cfg: Any, fingerprint: dict[str, Any], fresh: bool, parser: An
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return
-    ns = parser.parse_path(str(saved))
+    ns = rundir.read_config(parser, saved)
     used = cfg.data.resolved_root()
     if Path(DataConfig(root=ns.data.root).resolved_root()).resolve() == Path(used).resolve():
         return

@@ -49,7 +49,7 @@ def check_environment(cfg: RunConfig) -> None:
     if cfg.num_nodes > 1 and not any(v in os.environ for v in _LAUNCHERS):
         raise ValueError(
             f"num_nodes {cfg.num_nodes} needs one process per device on every node, started by a launcher "
-            "(torchrun --nnodes ... or srun under SLURM, see the README); without one the run would wait "
+            "(torchrun --nnodes ... or srun under SLURM, see docs/performance.md); without one the run would wait "
             "forever for the other nodes. For one machine, use --num_nodes 1"
         )
 

@@ -189,3 +189,17 @@ def wandb_run_id(run_dir: Path) -> str:
     run_id = secrets.token_hex(4)
     path.write_text(run_id + "\n")
     return run_id
+
+
+def read_config(parser: Any, path: Path) -> Any:
+    """The run's saved ``config.yaml`` parsed by ``parser`` (a namespace), in today's form: a
+    FedDEA config written before its host became a nested method is read with the host nested
+    (:func:`fedmtl.methods.feddea.nest_flat_host`), so such runs still resume and validate."""
+    import yaml
+
+    from fedmtl.methods.feddea import nest_flat_host
+
+    raw = yaml.safe_load(path.read_text())
+    if isinstance(raw, dict) and nest_flat_host(raw.get("algorithm")) is not raw.get("algorithm"):
+        return parser.parse_string(yaml.safe_dump({**raw, "algorithm": nest_flat_host(raw["algorithm"])}))
+    return parser.parse_path(str(path))

@@ -27,18 +27,9 @@ from typing import Any
 
 import torch
 
+from fedmtl.tensors import to_host
+
 ClientState = dict[str, Any]
-
-
-def to_host(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors are detached CPU copies (never views of live tensors)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: to_host(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(to_host(v) for v in obj)
-    return obj
 
 
 #: Write failures that come from outside the run: a full disk, a quota, an I/O error, a

@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader
 from fedmtl.config import OptimizerConfig
 from fedmtl.data.datasets import DenseDataset
 from fedmtl.federated.client import ClientModule, end_epoch, make_optimizer
-from fedmtl.federated.store import to_host
-from fedmtl.methods.base import Penalty, Track, derive_seed, parameters_of
+from fedmtl.methods.base import Penalty, Track
+from fedmtl.seeds import derive_seed
 from fedmtl.tasks import TASKS
+from fedmtl.tensors import parameters_of, to_host
 
 TASK_SLOTS = {name: i for i, name in enumerate(TASKS)}  # fixed columns for exchanging per-task scalars
 PENALTY_SLOT, TOTAL_SLOT = len(TASK_SLOTS), len(TASK_SLOTS) + 1

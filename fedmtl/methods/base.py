@@ -40,20 +40,20 @@ Methods are registered in ``METHODS`` under their class name, the name a config 
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
 from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderRows
-from fedmtl.federated.store import to_host
 from fedmtl.losses import proximal_term
+from fedmtl.methods.checks import within
 from fedmtl.registry import Registry
+from fedmtl.seeds import derive_seed
+from fedmtl.tensors import to_host
 
 Track = dict[str, Any]  # "model", "optimizer", "scheduler", "epochs_done"
 
@@ -92,10 +92,12 @@ def snapshot(params: Sequence[Tensor]) -> list[tuple[Tensor, Tensor]]:
 class ClientContext:
     """What a client-side hook sees of one client in one round.
 
-    ``train(track, *, frozen=(), penalty=None, epochs=None, order="order", fresh_optimizer=None)``
+    ``train(track, *, frozen=(), penalty=None, epochs=None, order="order", fine_tune=None)``
     loads ``track`` into ``model``, trains it for ``epochs`` (default the client's local
-    epochs) and writes the result back into ``track``; it returns the mean losses. See
-    :class:`fedmtl.federated.training.LocalTrainer`.
+    epochs) and writes the result back into ``track``; it returns the mean losses.
+    ``fine_tune`` (an OptimizerConfig) trains with a fresh AdamW at a constant rate whose
+    state is not kept (FedBABU's fine-tuning). See
+    :meth:`fedmtl.federated.training.LocalTrainer.train`.
     """
 
     index: int
@@ -116,11 +118,6 @@ class ClientContext:
         return self.state["personal"]
 
 
-def derive_seed(*parts: int | str) -> int:
-    """A 31-bit seed from named parts, the same in every process and on every run."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
-
-
 class Method(Aggregator):
     """A federated method: the server step :meth:`aggregate` and the client hooks below.
 
@@ -139,10 +136,7 @@ class Method(Aggregator):
         return False
 
     def __init__(self, participation: float = 1.0) -> None:
-        if not 0 < participation <= 1:
-            raise ValueError(
-                f"algorithm.participation must be in (0, 1] (a fraction of the clients), got {participation!r}"
-            )
+        within("participation", participation, "(0, 1]", " (a fraction of the clients)")
         self.participation = float(participation)
         self.rounds = 0
         self.seed = 0
@@ -279,15 +273,3 @@ def register_method(cls: type[MethodT]) -> type[MethodT]:
 def create_method(name: str, **kwargs: Any) -> Method:
     """Build a registered method by class name, e.g. ``create_method("FedProx", mu=0.01)``."""
     return METHODS.get(name)(**kwargs)
-
-
-def parameters_of(modules: Sequence[nn.Module]) -> list[torch.nn.Parameter]:
-    """The parameters of ``modules``, each once, in order."""
-    seen: set[int] = set()
-    out = []
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out

@@ -9,12 +9,13 @@ from torch import Tensor, nn
 
 from fedmtl.aggregation.base import ClientInfo
 from fedmtl.methods.base import ClientContext, Penalty, new_track, register_method
+from fedmtl.methods.checks import integer_at_least, non_negative
 from fedmtl.methods.fedavg import FedAvg
 
 
 @register_method
 class Ditto(FedAvg):
-    """Ditto as FedHCA² compares against it (suppl. C; BASELINES.md §3.5).
+    """Ditto as FedHCA² compares against it (suppl. C; docs/methods.md, Ditto).
 
     Two tracks per client, both starting every round from what the server sent, w̄ (global
     encoder and decoders, plus the client's global-track heads):
@@ -50,12 +51,9 @@ class Ditto(FedAvg):
         participation: float = 1.0,
     ) -> None:
         super().__init__(weighted=weighted, participation=participation)
-        if not lam >= 0:
-            raise ValueError(f"algorithm.lam must be >= 0 (Ditto's λ), got {lam!r}")
-        if personal_epochs is not None and (isinstance(personal_epochs, bool) or personal_epochs < 1):
-            raise ValueError(
-                f"algorithm.personal_epochs must be an integer >= 1 or null, got {personal_epochs!r}"
-            )
+        non_negative("lam", lam, " (Ditto's λ)")
+        if personal_epochs is not None:
+            integer_at_least("personal_epochs", personal_epochs, 1, " or null")
         self.lam = float(lam)
         self.personal_epochs = personal_epochs
 

@@ -12,11 +12,12 @@ from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import fedamp_weights, gram_matrix, heuristic_fedamp_weights, mix_rows
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, Penalty, register_method, snapshot
+from fedmtl.methods.checks import either, positive, within
 
 
 @register_method
 class FedAMP(Method):
-    """FedAMP as FedHCA² compares against it (suppl. C; BASELINES.md §3.6), on both pools.
+    """FedAMP as FedHCA² compares against it (suppl. C; docs/methods.md, FedAMP), on both pools.
 
     Server: for a pool of M slots (N encoders, or K decoders across tasks) with trained
     weights w_1..w_M, every slot i gets its own cloud model u_i = Σ_j ξ_ij w_j, with
@@ -60,13 +61,11 @@ class FedAMP(Method):
         participation: float = 1.0,
     ) -> None:
         super().__init__(participation=participation)
-        for name, value in [("lam", lam), ("alpha_k", alpha_k), ("sigma", sigma)]:
-            if not value > 0:
-                raise ValueError(f"algorithm.{name} must be > 0, got {value!r}")
-        if kernel not in ("exp", "heuristic"):
-            raise ValueError(f"algorithm.kernel must be 'exp' or 'heuristic', got {kernel!r}")
-        if not 0 <= self_weight <= 1:
-            raise ValueError(f"algorithm.self_weight must be in [0, 1], got {self_weight!r}")
+        positive("lam", lam)
+        positive("alpha_k", alpha_k)
+        positive("sigma", sigma)
+        either("kernel", kernel, "exp", "heuristic")
+        within("self_weight", self_weight, "[0, 1]")
         self.lam, self.alpha_k, self.sigma = float(lam), float(alpha_k), float(sigma)
         self.kernel = kernel
         self.self_weight = float(self_weight)

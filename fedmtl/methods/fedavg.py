@@ -12,6 +12,7 @@ from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, register_method
+from fedmtl.methods.checks import integer_at_least, one_of
 
 Scope = Literal["all", "same_task", "cluster", "none"]
 SCOPES = ("all", "same_task", "cluster", "none")
@@ -23,7 +24,7 @@ Groups = dict[str, tuple[list[int], list[int]]]  # group key -> (rows that train
 @register_method
 class FedAvg(Method):
     """FedAvg (McMahan et al., AISTATS 2017) as FedHCA² (Lu et al., CVPR 2024, Sec. 4.1,
-    Table 1) applies it to HC-FMTL ("FedAvg-HC", BASELINES.md §3.2).
+    Table 1) applies it to HC-FMTL ("FedAvg-HC"; docs/methods.md, FedAvg).
 
     By default every one of the N client encoders becomes the average of the N locally
     trained encoders θ_i^(r-1) + Δθ_i^(r), and every one of the K decoders, whatever its
@@ -66,14 +67,11 @@ class FedAvg(Method):
         head_scope: HeadScope = "none",
     ) -> None:
         super().__init__(participation=participation)
-        for name, scope in [("encoder_scope", encoder_scope), ("decoder_scope", decoder_scope)]:
-            if scope not in SCOPES:
-                raise ValueError(f"algorithm.{name} must be one of {list(SCOPES)}, got {scope!r}")
-        if head_scope not in HEAD_SCOPES:
-            raise ValueError(f"algorithm.head_scope must be one of {list(HEAD_SCOPES)}, got {head_scope!r}")
+        one_of("encoder_scope", encoder_scope, SCOPES)
+        one_of("decoder_scope", decoder_scope, SCOPES)
+        one_of("head_scope", head_scope, HEAD_SCOPES)
+        integer_at_least("num_clusters", num_clusters, 1)
         self.head_scope = head_scope
-        if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
-            raise ValueError(f"algorithm.num_clusters must be an integer >= 1, got {num_clusters!r}")
         self.encoder_scope = encoder_scope
         self.decoder_scope = decoder_scope
         self.weighted = weighted

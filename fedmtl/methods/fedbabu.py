@@ -9,13 +9,15 @@ from typing import Any
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import ClientInfo
-from fedmtl.methods.base import ClientContext, derive_seed, new_track, register_method
+from fedmtl.methods.base import ClientContext, new_track, register_method
+from fedmtl.methods.checks import integer_at_least, non_negative, positive
 from fedmtl.methods.fedavg import FedAvg
+from fedmtl.seeds import derive_seed
 
 
 @register_method
 class FedBABU(FedAvg):
-    """FedBABU as FedHCA² compares against it (suppl. C; BASELINES.md §3.8).
+    """FedBABU as FedHCA² compares against it (suppl. C; docs/methods.md, FedBABU).
 
     During the R rounds the heads do not train: ``requires_grad=False`` and left out of the
     optimiser, so not even AdamW's weight decay moves them (a zeroed gradient would: the
@@ -52,14 +54,11 @@ class FedBABU(FedAvg):
         super().__init__(
             encoder_scope="all", decoder_scope="none", weighted=weighted, participation=participation
         )
-        if isinstance(ft_epochs, bool) or not isinstance(ft_epochs, int) or ft_epochs < 0:
-            raise ValueError(
-                f"algorithm.ft_epochs must be an integer >= 0 (fine-tuning epochs), got {ft_epochs!r}"
-            )
-        if ft_lr is not None and not ft_lr > 0:
-            raise ValueError(f"algorithm.ft_lr must be > 0 or null, got {ft_lr!r}")
-        if ft_weight_decay is not None and not ft_weight_decay >= 0:
-            raise ValueError(f"algorithm.ft_weight_decay must be >= 0 or null, got {ft_weight_decay!r}")
+        integer_at_least("ft_epochs", ft_epochs, 0, " (fine-tuning epochs)")
+        if ft_lr is not None:
+            positive("ft_lr", ft_lr, " or null")
+        if ft_weight_decay is not None:
+            non_negative("ft_weight_decay", ft_weight_decay, " or null")
         self.ft_epochs = ft_epochs
         self.ft_lr = ft_lr
         self.ft_weight_decay = ft_weight_decay

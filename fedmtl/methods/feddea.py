@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from torch import Tensor, nn
+from jsonargparse import lazy_instance
+from torch import Tensor
 
-from fedmtl.aggregation.base import ClientInfo, RoundInput, RoundOutput
+from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput
 from fedmtl.aggregation.feddea import check_rho, feddea_mask
 from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderRows
-from fedmtl.methods.base import ClientContext, Method, Penalty, create_method, register_method
-from fedmtl.methods.fedavg import HeadScope, Scope
+from fedmtl.methods.base import Method, register_method
+from fedmtl.methods.checks import boolean, either
+from fedmtl.methods.fedavg import FedAvg
 
 HOSTS = ("FedAvg", "FedProx", "FedOpt")
 # Methods whose server step is not an average of updates: FedDEA is not defined over them.
@@ -23,9 +26,15 @@ _NOT_AVERAGING = {
 }
 
 
+# jsonargparse's description of the default host, FedAvg() (it prints it in --help and
+# --print_config, and takes --algorithm.host.OPTION against it); one object for every FedDEA, so
+# each FedDEA built from it gets a FedAvg of its own.
+_DEFAULT_HOST = lazy_instance(FedAvg)
+
+
 @register_method
 class FedDEA(Method):
-    """FedDEA's update decoupling (BASELINES.md §3.10 and appendix B) in front of a host.
+    """FedDEA's update decoupling (docs/methods.md, FedDEA) in front of a host.
 
     Every slot's update (a client's encoder, each decoder, and each head when heads are
     shared) keeps its k = ⌈ρ·d⌉ entries of largest |Δ| and is multiplied by 1/ρ; the rest
@@ -36,26 +45,23 @@ class FedDEA(Method):
     deltas at the start of the server step, which gives the same numbers. ρ = 1 is the host,
     bit for bit.
 
-    What the paper leaves open and what is chosen here (README, "FedDEA"): the mask is taken
+    What the paper leaves open and what is chosen here (docs/methods.md, FedDEA): the mask is taken
     per aggregation unit (``scope: unit``, the whole flattened encoder or decoder, as the
     paper's "flattened update vector"; ``scope: tensor`` masks each parameter tensor on its
     own); k rounds up; the mean is uniform over the slots of a group, zeros included; heads
-    and BatchNorm statistics stay local in HC-FMTL; in the unified-model setting
-    (``decoder_scope: same_task``, ``head_scope: same_task``) heads are averaged among the
+    and BatchNorm statistics stay local in HC-FMTL; in the unified-model setting (the host's
+    ``decoder_scope: same_task``, ``head_scope: same_task``) heads are averaged among the
     clients of their task, BatchNorm statistics still stay local; ρ is fixed.
+
+    Everything but the server step's input is the host's: the clients' behaviour (FedProx's
+    proximal term), the participation, the server state in checkpoints, the logged values.
 
     Args:
         rho: the fraction of each update kept, in (0, 1]; the paper's best range is 0.2–0.3.
         scope: ``unit`` (one mask per aggregation unit) or ``tensor`` (one per parameter tensor).
         rescale: multiply what is kept by 1/ρ (False: the paper's ablation, masking only).
-        host: ``FedAvg`` (the default), ``FedProx`` or ``FedOpt``.
-        mu: FedProx's proximal coefficient (host FedProx only; default its 0.01).
-        server_optimizer, server_lr, beta1, beta2, tau: FedOpt's server optimiser (host FedOpt
-            only; defaults FedOpt's: adam, 1e-2, 0.9, 0.99, 1e-3).
-        encoder_scope, decoder_scope, head_scope: among whom the host averages (see
-            :class:`~fedmtl.methods.FedAvg`).
-        weighted: weigh the host's averages by sample counts.
-        participation: fraction of the clients that train each round.
+        host: the method that aggregates the masked updates, with its own options: FedAvg (the
+            default), FedProx or FedOpt (``--algorithm.host FedProx --algorithm.host.mu 0.01``).
     """
 
     def __init__(
@@ -63,62 +69,23 @@ class FedDEA(Method):
         rho: float = 0.25,
         scope: Literal["unit", "tensor"] = "unit",
         rescale: bool = True,
-        host: str = "FedAvg",
-        mu: float | None = None,
-        server_optimizer: str | None = None,
-        server_lr: float | None = None,
-        beta1: float | None = None,
-        beta2: float | None = None,
-        tau: float | None = None,
-        encoder_scope: Scope = "all",
-        decoder_scope: Scope = "all",
-        head_scope: HeadScope = "none",
-        weighted: bool = False,
-        participation: float = 1.0,
+        host: Method = _DEFAULT_HOST,
     ) -> None:
-        super().__init__(participation=participation)
         check_rho(rho)
-        if scope not in ("unit", "tensor"):
-            raise ValueError(
-                f"algorithm.scope must be 'unit' or 'tensor' (where FedDEA masks), got {scope!r}"
-            )
-        if not isinstance(rescale, bool):
-            raise ValueError(f"algorithm.rescale must be true or false, got {rescale!r}")
-        if host in _NOT_AVERAGING:
-            raise ValueError(
-                f"algorithm.host: FedDEA is not defined over {host}, which {_NOT_AVERAGING[host]}; "
-                f"use one of {list(HOSTS)}"
-            )
-        if host not in HOSTS:
-            raise ValueError(f"algorithm.host must be one of {list(HOSTS)} (FedDEA's hosts), got {host!r}")
-        fedopt = {
-            "server_optimizer": server_optimizer,
-            "server_lr": server_lr,
-            "beta1": beta1,
-            "beta2": beta2,
-            "tau": tau,
-        }
-        own = {"FedAvg": {}, "FedProx": {"mu": mu}, "FedOpt": fedopt}[host]
-        for name, value in {"mu": mu, **fedopt}.items():
-            if value is not None and name not in own:
-                users = "FedProx" if name == "mu" else "FedOpt"
-                raise ValueError(
-                    f"algorithm.{name} is an option of host {users}, but algorithm.host is {host}; "
-                    f"set --algorithm.host {users} or drop algorithm.{name}"
-                )
+        either("scope", scope, "unit", "tensor", " (where FedDEA masks)")
+        boolean("rescale", rescale)
+        host = FedAvg() if host is _DEFAULT_HOST else host
+        check_host(host)
         self.rho = float(rho)
         self.scope = scope
         self.rescale = rescale
-        self.host: Method = create_method(
-            host,
-            encoder_scope=encoder_scope,
-            decoder_scope=decoder_scope,
-            head_scope=head_scope,
-            weighted=weighted,
-            participation=participation,
-            **{k: v for k, v in own.items() if v is not None},
-        )
-        self.evaluated = self.host.evaluated  # post-aggregation for every host
+        self.host = host
+
+    def __getattr__(self, name: str) -> Any:
+        """What FedDEA does not define is the host's (its options, ``also_evaluated``, ...)."""
+        if name == "host" or name.startswith("__"):  # `host` unset: a half-built copy
+            raise AttributeError(name)
+        return getattr(self.host, name)
 
     # ------------------------------------------------------------------ the server step
 
@@ -134,15 +101,6 @@ class FedDEA(Method):
             decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
             heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
         )
-
-    # ------------------------------------------------------------------ streamed
-
-    @property
-    def streams(self) -> bool:
-        return self.host.streams
-
-    def encoder_rows(self, round_: int) -> tuple[str, ...]:
-        return self.host.encoder_rows(round_)
 
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
         """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'. A client
@@ -167,61 +125,81 @@ class FedDEA(Method):
             out[:, part] = feddea_mask(deltas[:, part].contiguous(), self.rho, self.rescale)
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.host.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.host.load_state_dict(state)
-
-    def log_values(self) -> dict[str, float]:
-        return self.host.log_values()
-
-    def log_matrices(self) -> dict[str, tuple[list[str], list[str], Tensor]]:
-        return self.host.log_matrices()
-
-    # ------------------------------------------------------------------ the rest is the host's
-
-    @property
-    def shares_heads(self) -> bool:
-        return self.host.shares_heads
-
-    def setup(self, rounds: int, clients: Sequence[ClientInfo], seed: int) -> None:
-        super().setup(rounds, clients, seed)
-        self.host.setup(rounds, clients, seed)
-
-    def check_run(self, rounds: int, num_clients: int) -> None:
-        self.host.check_run(rounds, num_clients)
-
-    def participants(self, round_: int) -> list[int] | None:
-        return self.host.participants(round_)
-
-    def init_client(self, model: nn.Module, client: ClientInfo, seed: int) -> dict[str, Any]:
-        return self.host.init_client(model, client, seed)
-
-    def frozen(self, model: nn.Module, round_: int) -> list[nn.Module]:
-        return self.host.frozen(model, round_)
-
-    def penalty(self, ctx: ClientContext, model: nn.Module) -> Penalty | None:
-        return self.host.penalty(ctx, model)
-
-    def local_update(self, ctx: ClientContext) -> Tensor:
-        return self.host.local_update(ctx)
-
-    def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
-        self.host.receive(ctx, encoder, decoders)
-
-    def receive_heads(self, ctx: ClientContext, heads: Mapping[str, Tensor]) -> None:
-        self.host.receive_heads(ctx, heads)
-
-    @property
-    def finishes(self) -> bool:
-        return self.host.finishes
-
-    def finish(self, ctx: ClientContext) -> None:
-        self.host.finish(ctx)
-
-    def evaluated_models(self, state: Mapping[str, Any]) -> dict[str, Mapping[str, Tensor]]:
-        return self.host.evaluated_models(state)
-
     def __repr__(self) -> str:
         return f"FedDEA(rho={self.rho}, scope={self.scope!r}, rescale={self.rescale}, host={self.host!r})"
+
+
+def check_host(host: Method) -> None:
+    """Raise ValueError unless FedDEA is defined over ``host``: a method whose server step
+    averages updates."""
+    name = type(host).__name__
+    if name in _NOT_AVERAGING:
+        raise ValueError(
+            f"algorithm.host: FedDEA is not defined over {name}, which {_NOT_AVERAGING[name]}; "
+            f"use one of {list(HOSTS)}"
+        )
+    if name not in HOSTS:
+        raise ValueError(f"algorithm.host must be one of {list(HOSTS)} (FedDEA's hosts), got {name}")
+
+
+# The options a FedDEA took before its host was a nested method, which now belong to the host.
+_FLAT_HOST_OPTIONS = (
+    "mu",
+    "server_optimizer",
+    "server_lr",
+    "beta1",
+    "beta2",
+    "tau",
+    "encoder_scope",
+    "decoder_scope",
+    "head_scope",
+    "weighted",
+    "participation",
+)
+
+
+def nest_flat_host(algorithm: Any) -> Any:
+    """A saved ``algorithm`` config of FedDEA in its earlier, flat form (``host: FedProx`` and
+    the host's options beside ``rho``) rewritten with the host nested, so that runs written
+    before the change still resume and validate; anything else is returned as it is."""
+    if not isinstance(algorithm, dict) or not str(algorithm.get("class_path", "")).endswith("FedDEA"):
+        return algorithm
+    init_args = dict(algorithm.get("init_args") or {})
+    if not isinstance(init_args.get("host", "FedAvg"), str):
+        return algorithm
+    flat = {k: init_args.pop(k) for k in _FLAT_HOST_OPTIONS if k in init_args}
+    host_args = {k: v for k, v in flat.items() if v is not None}  # null: the host's default
+    init_args["host"] = {"class_path": init_args.pop("host", "FedAvg"), "init_args": host_args}
+    return {**algorithm, "init_args": init_args}
+
+
+class _HostValue:
+    """A property or plain class attribute of :class:`Method` (``streams``, ``evaluated``)
+    that a FedDEA takes from its host; read on the class, it is Method's own (a property
+    object, ``"post-aggregation"``), as for any other method."""
+
+    def __init__(self, name: str, default: Any) -> None:
+        self.name, self.default = name, default
+
+    def __get__(self, obj: FedDEA | None, owner: type | None = None) -> Any:
+        return self.default if obj is None else getattr(obj.host, self.name)
+
+
+def _host_hook(name: str, hook: Any) -> Any:
+    """:class:`Method`'s ``hook`` (a method, a property or a class attribute) answered by the host."""
+    if not callable(hook):
+        return _HostValue(name, hook)
+
+    @functools.wraps(hook)
+    def forward(self: FedDEA, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.host, name)(*args, **kwargs)
+
+    return forward
+
+
+# Every hook FedDEA does not define is the host's: the client behaviour, the run's checks and
+# participation, the server state, the logs. Set on the class, not left to `__getattr__`,
+# because Method gives every hook a default that `__getattr__` would never reach.
+for _name, _hook in {**vars(Aggregator), **vars(Method)}.items():
+    if not _name.startswith("_") and _name not in vars(FedDEA):
+        setattr(FedDEA, _name, _host_hook(_name, _hook))

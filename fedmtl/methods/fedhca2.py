@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -19,7 +18,13 @@ from fedmtl.aggregation.functional import (
 )
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import Method, register_method
+from fedmtl.methods.checks import non_negative, one_of, positive, within
 
+# Why alpha_init and beta_init lie in [0, 1], for the error that refuses one outside.
+_HYPER_INIT_RANGE = (
+    ": the hyper weight is applied as clamp(w, 0, 1) and its gradient is passed only strictly inside "
+    "(0, 1), so from outside it would never learn; the paper uses 0.1"
+)
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
 DecoderMode = Literal["none", "cross_attention", "fedavg"]
 
@@ -41,7 +46,7 @@ _STATE_KEYS = {
 @register_method
 class FedHCA2(Method):
     """FedHCA² (Lu et al., "FedHCA²: Towards Hetero-Client Federated Multi-Task Learning",
-    CVPR 2024, Sec. 3.3-3.5 and suppl. Alg. 1-2), as REFERENCE.md pins it down.
+    CVPR 2024, Sec. 3.3-3.5 and suppl. Alg. 1-2); docs/methods.md, FedHCA2.
 
     Round r receives θ^(r-1) and Δ^(r) of N client encoders and K decoders and returns
     personalised θ^(r). Heads stay local (they are not in the round's input).
@@ -64,7 +69,7 @@ class FedHCA2(Method):
       K decoders' raw deltas V [K, d]; decoder k gets θ_k^(r-1) + Δ_k + clamp(β_{k,l}, 0, 1)·A_k,
       l the layer (module) owning the tensor (``decoder_layout.layers``; six for the FCN
       decoder). Decoders use their own raw delta Δ_k, not a homogeneous-group mean:
-      REFERENCE.md names group means for encoders only, and the public code's
+      the paper names group means for encoders only, and the public code's
       ``HyperCrossAttention`` adds each decoder's own delta.
     - ``"fedavg"``: every decoder, whatever its task, becomes the mean of the K trained decoders.
     - ``"none"``: every decoder keeps its trained parameters.
@@ -137,35 +142,15 @@ class FedHCA2(Method):
             "fedavg": self._decoders_fedavg,
             "cross_attention": self._decoders_cross_attention,
         }
-        if encoder not in encoders:
-            raise ValueError(f"algorithm.encoder must be one of {sorted(encoders)}, got {encoder!r}")
-        if decoder not in decoders:
-            raise ValueError(f"algorithm.decoder must be one of {sorted(decoders)}, got {decoder!r}")
-        # `not (low <= x ...)` rather than `x < low`: NaN fails every comparison and must be rejected.
-        if not 0 <= c < 1:
-            raise ValueError(
-                f"algorithm.c must be in [0, 1) (the conflict-averse radius), got {c!r}; the paper uses 0.4"
-            )
+        one_of("encoder", encoder, sorted(encoders))
+        one_of("decoder", decoder, sorted(decoders))
+        within("c", c, "[0, 1)", " (the conflict-averse radius)", "; the paper uses 0.4")
         for name, value in [("alpha_init", alpha_init), ("beta_init", beta_init)]:
-            if not 0 <= value <= 1:
-                raise ValueError(
-                    f"algorithm.{name} must be in [0, 1], got {value!r}: the hyper weight is applied as "
-                    "clamp(w, 0, 1) and its gradient is passed only strictly inside (0, 1), so from outside "
-                    "it would never learn; the paper uses 0.1"
-                )
-        if not (math.isfinite(hyper_lr) and hyper_lr > 0):
-            raise ValueError(
-                f"algorithm.hyper_lr (the SGD learning rate of the hyper weights) must be > 0, "
-                f"got {hyper_lr!r}; the paper uses 0.01"
-            )
-        if not 0 <= hyper_momentum < 1:
-            raise ValueError(
-                f"algorithm.hyper_momentum must be in [0, 1), got {hyper_momentum!r}; the paper uses 0.9"
-            )
-        if not (math.isfinite(hyper_weight_decay) and hyper_weight_decay >= 0):
-            raise ValueError(
-                f"algorithm.hyper_weight_decay must be >= 0, got {hyper_weight_decay!r}; the paper uses 1e-4"
-            )
+            within(name, value, "[0, 1]", after=_HYPER_INIT_RANGE)
+        hyper_lr_what = "hyper_lr (the SGD learning rate of the hyper weights)"  # named with what it is
+        positive(hyper_lr_what, hyper_lr, after="; the paper uses 0.01", finite=True)
+        within("hyper_momentum", hyper_momentum, "[0, 1)", after="; the paper uses 0.9")
+        non_negative("hyper_weight_decay", hyper_weight_decay, after="; the paper uses 1e-4", finite=True)
         self.c = float(c)
         self.rescale = bool(rescale)
         self.alpha_init = float(alpha_init)

@@ -8,7 +8,7 @@ from fedmtl.methods.fedavg import FedAvg
 
 @register_method
 class FedPer(FedAvg):
-    """FedPer as FedHCA² adapts it (suppl. C; BASELINES.md §3.4): the encoders are averaged
+    """FedPer as FedHCA² adapts it (suppl. C; docs/methods.md, FedPer): the encoders are averaged
     over all N clients; decoders and heads are the personal layers and never leave the client
     (not PFLlib's FedPer, which personalises only the classifier). The evaluated model is the
     freshly averaged encoder with the client's own decoders and heads.

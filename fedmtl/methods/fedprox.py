@@ -6,13 +6,15 @@ from typing import Literal
 
 from torch import nn
 
-from fedmtl.methods.base import ClientContext, Penalty, parameters_of, register_method, snapshot
+from fedmtl.methods.base import ClientContext, Penalty, register_method, snapshot
+from fedmtl.methods.checks import either, non_negative
 from fedmtl.methods.fedavg import FedAvg, HeadScope, Scope
+from fedmtl.tensors import parameters_of
 
 
 @register_method
 class FedProx(FedAvg):
-    """FedProx as FedHCA² compares against it (suppl. C; BASELINES.md §3.3).
+    """FedProx as FedHCA² compares against it (suppl. C; docs/methods.md, FedProx).
 
     The server is FedAvg-HC (encoders over N clients, decoders over all K). Each client
     minimises L_i(θ) + (μ/2)·‖θ − θ̂‖², θ̂ the round-start snapshot (what the server sent
@@ -49,10 +51,8 @@ class FedProx(FedAvg):
             participation=participation,
             head_scope=head_scope,
         )
-        if not mu >= 0:
-            raise ValueError(f"algorithm.mu must be >= 0 (the proximal coefficient), got {mu!r}")
-        if prox_scope not in ("all", "shared_only"):
-            raise ValueError(f"algorithm.prox_scope must be 'all' or 'shared_only', got {prox_scope!r}")
+        non_negative("mu", mu, " (the proximal coefficient)")
+        either("prox_scope", prox_scope, "all", "shared_only")
         self.mu = float(mu)
         self.prox_scope = prox_scope
 

@@ -9,12 +9,13 @@ from torch import Tensor, nn
 from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, register_method
+from fedmtl.methods.checks import integer_at_least
 from fedmtl.methods.fedavg import FedAvg
 
 
 @register_method
 class FedSTA(FedAvg):
-    """FedSTA as FedHCA² compares against it (suppl. C; BASELINES.md §3.9), two phases:
+    """FedSTA as FedHCA² compares against it (suppl. C; docs/methods.md, FedSTA), two phases:
 
     - phase A (rounds 1 … R − R_B): the encoder plays FeSTA's task-agnostic body and is
       averaged over all clients; decoders and heads train locally (with
@@ -50,12 +51,8 @@ class FedSTA(FedAvg):
             weighted=weighted,
             participation=participation,
         )
-        if phase_b_rounds is not None and (
-            isinstance(phase_b_rounds, bool) or not isinstance(phase_b_rounds, int) or phase_b_rounds < 0
-        ):
-            raise ValueError(
-                f"algorithm.phase_b_rounds must be an integer >= 0 or null, got {phase_b_rounds!r}"
-            )
+        if phase_b_rounds is not None:
+            integer_at_least("phase_b_rounds", phase_b_rounds, 0, " or null")
         self.phase_b_rounds = phase_b_rounds
         self.same_task_decoders = same_task_decoders
 

@@ -8,7 +8,7 @@ from fedmtl.methods.fedavg import FedAvg
 
 @register_method
 class MaTFL(FedAvg):
-    """MaT-FL as FedHCA² compares against it (suppl. C; BASELINES.md §3.7).
+    """MaT-FL as FedHCA² compares against it (suppl. C; docs/methods.md, MaTFL).
 
     Every round the server clusters the trained encoders by their deviations from the mean
     encoder, z_i = θ_i − mean_j θ_j (the official code's ``get_grouping_score``: deviations,

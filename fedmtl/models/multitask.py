@@ -20,7 +20,7 @@ from fedmtl.tasks import check_tasks, get_task
 
 
 class MultiTaskModel(nn.Module):
-    """Encoder + per-task FCN decoders and heads (REFERENCE.md, "Scenarios in the paper").
+    """Encoder + per-task FCN decoders and heads (docs/scenarios.md, "Models").
 
     Args:
         dataset: the client's dataset name; fixes each head's output channels.
@@ -34,7 +34,7 @@ class MultiTaskModel(nn.Module):
             False loads the tensors that match and reports how many.
         channels_last: keep the convolution weights, and convert the input, to the channels-last
             memory layout: the same function, computed by kernels that were faster for the small
-            default encoder on one CPU thread (README, "Measured here"; PyTorch advises it for
+            default encoder on one CPU thread (docs/performance.md, "Speed options"; PyTorch advises it for
             convolutional networks under mixed precision on CUDA, not measured here); the float
             rounding differs.
         swin_windows: a Swin encoder's shifted-window order, ``"mmseg"`` (default) or ``"timm"``

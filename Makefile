@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean benchmark
+.PHONY: install demo test lint format clean benchmark docs
 
 install: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/fedmtl fit --config configs/demo.yaml --resume true
 
-# The method benchmark (README, "The benchmark"): every method x 3 seeds on generated data in
+# The method benchmark (docs/benchmark.md): every method x 3 seeds on generated data in
 # the shape of scenario 1 (BENCHMARK=scenario2 for the other), one CPU thread per run, 2 runs at
 # a time, then the Δm report in runs/benchmark/$(BENCHMARK)/ and benchmarks/results/. Restartable:
 # finished runs are kept.
@@ -35,6 +35,10 @@ benchmark: install
 test: install
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
+# The documentation site from docs/ into site/ (open site/index.html); warnings are errors.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -44,4 +48,4 @@ format: install
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

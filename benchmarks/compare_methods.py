@@ -22,7 +22,7 @@ At the end it writes, in ``OUT``:
 
 then records the report, the learnt table and the runs' timings in
 ``benchmarks/results/benchmark_<config name>.md`` with the command, commit, date and machine
-(``benchmarks/results_file.py``; the README points there), and prints the report and the wall
+(``benchmarks/results_file.py``; the docs include it), and prints the report and the wall
 time.
 """
 

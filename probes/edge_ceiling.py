@@ -4,7 +4,7 @@
 
 A model learns the *training* edge label (the thinned Laplacian of the LabelMap) and is scored
 against the *validation* one (BSDS ``seg2bmap``, one pixel to one side of the boundary) within
-0.0075 x the image diagonal (REFERENCE.md, "Metrics"): 0.34 px at 32x32, 0.68 px at 64x64,
+0.0075 x the image diagonal (docs/evaluation.md, "The metrics"): 0.34 px at 32x32, 0.68 px at 64x64,
 1.02 px at 96x96. This prints, per size, the odsF of a model that predicted the training label
 perfectly (the ceiling of what learning can reach) and of Sobel edges (the trivial predictor
 a learnt model must beat), on the generated validation images. The table is recorded in

@@ -293,7 +293,11 @@ def _parser() -> ArgumentParser:
     data_commands.add_subcommand("check", check_parser, help="check the datasets of a data root")
     prepare_parser = ArgumentParser(description="Unpack downloaded dataset archives (fedmtl.data.prepare).")
     prepare_parser.add_argument(
-        "archives", type=str, nargs="+", metavar="ARCHIVE", help=".tar, .tar.gz/.tgz or .zip files"
+        "archives",
+        type=str,
+        nargs="+",
+        metavar="ARCHIVE",
+        help=".tar, .tar.gz/.tgz, .tar.bz2/.tbz2, .tar.xz/.txz or .zip files",
     )
     prepare_parser.add_argument("--root", type=str | None, default=None, help=root_help)
     data_commands.add_subcommand("prepare", prepare_parser, help="unpack dataset archives and check them")
@@ -387,6 +391,22 @@ def format_server_values(values: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _instantiate(parser: ArgumentParser, cfg_ns: Namespace) -> Any:
+    """The RunConfig of ``cfg_ns``. A method checks its options as ``algorithm.NAME``; FedDEA's
+    host is built before FedDEA, nested, so its refusals are renamed ``algorithm.host.NAME``."""
+    from fedmtl.config import RunConfig
+
+    try:
+        return RunConfig.from_namespace(parser.instantiate(cfg_ns))
+    except ValueError as err:
+        algorithm = cfg_ns.get("algorithm")
+        option = re.match(r"algorithm\.(\w+) ", str(err))
+        host_options = algorithm is not None and str(algorithm.get("class_path", "")).endswith("FedDEA")
+        if host_options and option and option.group(1) not in algorithm.get("init_args", {}):
+            raise ValueError(str(err).replace("algorithm.", "algorithm.host.", 1)) from None
+        raise
+
+
 def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
     """Whether ``cfg.run_dir`` can take this fit; raises (naming the fix) if it cannot. Returns
     True when the run starts fresh there (config.yaml is to be written)."""
@@ -431,7 +451,6 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
     import contextlib
 
-    from fedmtl.config import RunConfig
     from fedmtl.federated import integrity, manifest, preflight, rundir, runlock
     from fedmtl.federated.engine import run
     from fedmtl.federated.scenario import count_clients
@@ -440,7 +459,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     cfg_ns = args.clone()
     cfg_ns.pop("config", None)
     rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
-    cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))  # RunConfig's own checks run too
+    cfg = _instantiate(parser, cfg_ns)  # RunConfig's own checks run too
     # Everything is checked before anything is written: the run directory, the machine, the
     # method against the scenario, the data and the model.
     leader = _is_leader()
@@ -485,7 +504,6 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
 def _evaluate(args: Namespace, command: str) -> None:
     import contextlib
 
-    from fedmtl.config import RunConfig
     from fedmtl.federated import manifest, rundir, runlock
     from fedmtl.federated.engine import evaluate_checkpoint
 
@@ -508,7 +526,7 @@ def _evaluate(args: Namespace, command: str) -> None:
     if args.evaluation.edge_thin_gt is not None:
         cfg_ns.evaluation.edge_thin_gt = args.evaluation.edge_thin_gt
     cfg_ns.logger.wandb = False
-    cfg = RunConfig.from_namespace(parser.instantiate(cfg_ns))
+    cfg = _instantiate(parser, cfg_ns)
     leader = _is_leader()
     # It writes {command}_results.json (and, with store: disk, the client store): one writer.
     with runlock.hold(run_dir, command) if leader else contextlib.nullcontext():

@@ -360,8 +360,8 @@ class RunConfig:
             error.
         update_norm_limit: a client update that moves a part of its model (the encoder; a task's
             decoder with its head) by more than this many times the norm that part had at the
-            start of the round is exploding, and nonfinite handles it as a NaN update (the
-            largest in the benchmark's healthy runs was 1.3 times). Above 1; null: no check.
+            start of the round is exploding, and nonfinite handles it as a NaN update (healthy
+            updates stay far below the default). Above 1; null: no check.
         checkpoint_every: rounds between checkpoints; the last round always has one (0: only the
             last round).
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more

@@ -356,8 +356,15 @@ def test_the_host_and_its_options_on_the_command_line(tmp_path, data_root, optio
             "Parser key \"algorithm.host\": no method named 'Scaffold'; FedDEA's hosts: FedAvg, FedProx, FedOpt",
         ),
         (["--algorithm.host", "FedPer"], "algorithm.host must be one of ['FedAvg', 'FedProx', 'FedOpt']"),
-        (["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "0"], "algorithm.server_lr"),
-        (["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "-1"], "algorithm.server_lr"),
+        (
+            ["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "0"],
+            "algorithm.host.server_lr must be",
+        ),
+        (
+            ["--algorithm.host", "FedOpt", "--algorithm.host.server_lr", "-1"],
+            "algorithm.host.server_lr must be",
+        ),
+        (["--algorithm.rho", "2"], "algorithm.rho must be"),
         (
             ["--algorithm.host.mu", "0.01"],
             "Parser key \"host\": Problem with given class_path 'fedmtl.methods.FedAvg': Option 'mu' is not accepted",

@@ -48,9 +48,9 @@ class FedOpt(FedAvg):
         beta1: momentum of the pseudo-gradient, in [0, 1) (paper: 0.9).
         beta2: second-moment decay, in [0, 1) (paper: 0.99; FedAdagrad ignores it).
         tau: adaptivity τ > 0 (paper: 1e-3); the second moment starts at τ².
-        encoder_scope, decoder_scope: ``all``, ``same_task`` or ``none`` (see :class:`FedAvg`;
-            ``cluster`` is refused: its groups change every round, so no moments could follow
-            them).
+        encoder_scope: ``all``, ``same_task`` or ``none`` (see :class:`FedAvg`; ``cluster`` is
+            refused: its groups change every round, so no moments could follow them).
+        decoder_scope: the same choices for the decoders.
         head_scope: ``none`` or ``same_task`` (the unified model).
         weighted: weigh the mean delta (and the mean of the group's start) by sample counts.
         participation: fraction of the clients that train each round.

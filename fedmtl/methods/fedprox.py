@@ -30,8 +30,10 @@ class FedProx(FedAvg):
             (encoder and decoders, not the heads).
         weighted: weigh averages by sample counts (see :class:`FedAvg`).
         participation: fraction of the clients that train each round.
-        encoder_scope, decoder_scope, head_scope: among whom the server averages (see
-            :class:`FedAvg`; the paper's FedProx: all, all, none).
+        encoder_scope: among whom the server averages the encoders (see :class:`FedAvg`; the
+            paper's FedProx: all).
+        decoder_scope: the same for the decoders (the paper's FedProx: all).
+        head_scope: the same for the heads (the paper's FedProx: none).
     """
 
     def __init__(

@@ -128,12 +128,17 @@ class ClientGroup:
     ``single_task: true`` makes one client per task (the paper's "ST" clients); otherwise one
     client learns all the tasks ("MT"). ``replicas`` splits every client into that many
     (the paper's 2C / 4C runs): the dataset's training set is then shared by more clients.
+    ``tasks_per_client: k`` gives each multi-task client k of the tasks, drawn with the run's
+    seed, so many replicas make a federation of overlapping task sets in one line.
 
     Attributes:
         dataset: pascal_context or nyud.
         tasks: the tasks the group's clients learn (at least one).
         single_task: one client per task (true) or one client for all the tasks (false).
         replicas: copies of every client of the group, each with its own part of the training set.
+        tasks_per_client: each client of a multi-task group learns this many of ``tasks``, drawn
+            at random per client from the run's seed (kept in the order of ``tasks``); between
+            1 and the number of tasks. null: every client learns all of them.
         local_epochs: epochs each client trains per round (the paper: 1 for PASCAL-Context, 4 for
             NYUD-v2).
         batch_size: training batch size of each client.
@@ -150,6 +155,7 @@ class ClientGroup:
     tasks: list[str]
     single_task: bool = False
     replicas: int = 1
+    tasks_per_client: int | None = None
     local_epochs: int = 1
     batch_size: int = 8
     loss_shards: int = 1
@@ -162,6 +168,18 @@ class ClientGroup:
             raise ValueError(f"clients[].tasks is empty{where}: list at least one task")
         for name in ("replicas", "local_epochs", "batch_size", "loss_shards"):
             _at_least(f"clients[].{name}", getattr(self, name), 1, where)
+        if self.tasks_per_client is not None:
+            k, n = self.tasks_per_client, len(self.tasks)
+            if self.single_task:
+                raise ValueError(
+                    f"clients[].tasks_per_client ({k}) needs single_task: false{where}: a single-task "
+                    "group already gives each client one task; remove tasks_per_client or set single_task false"
+                )
+            if not 1 <= k <= n:
+                raise ValueError(
+                    f"clients[].tasks_per_client must be between 1 and the group's {n} tasks, got {k}{where} "
+                    "(or null: every client learns all of them)"
+                )
         if self.batch_size % self.loss_shards:
             raise ValueError(
                 f"clients[].loss_shards ({self.loss_shards}) must divide clients[].batch_size "

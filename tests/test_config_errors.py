@@ -83,6 +83,24 @@ REFUSED = {
     "clients[].local_epochs 0": (_group(local_epochs=0), [], "clients[].local_epochs", "'nyud' client group"),
     "clients[].batch_size 0": (_group(batch_size=0), [], "clients[].batch_size", "'nyud' client group"),
     "clients[].loss_shards 0": (_group(loss_shards=0), [], "clients[].loss_shards", "'nyud' client group"),
+    "clients[].tasks_per_client 0": (
+        _group(tasks_per_client=0),
+        [],
+        "clients[].tasks_per_client",
+        "between 1 and the group's 2 tasks, got 0",
+    ),
+    "clients[].tasks_per_client 3 of 2": (
+        _group(tasks_per_client=3),
+        [],
+        "clients[].tasks_per_client",
+        "(or null: every client learns all of them)",
+    ),
+    "clients[].tasks_per_client in a single-task group": (
+        _group(tasks_per_client=1, single_task=True),
+        [],
+        "clients[].tasks_per_client",
+        "needs single_task: false",
+    ),
     "clients[].loss_shards not dividing the batch": (
         _group(batch_size=8, loss_shards=3),
         [],

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from fedmtl.config import RunConfig
 from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, one_line
 from fedmtl.data.layout import read_split
 from fedmtl.data.partition import partition_clients
 from fedmtl.federated.client import ClientSpec
+from fedmtl.seeds import derive_seed
 from fedmtl.tasks import check_tasks
 
 
@@ -43,6 +46,16 @@ def count_clients(cfg: RunConfig) -> int:
     return sum((len(g.tasks) if g.single_task else 1) * g.replicas for g in cfg.clients)
 
 
+def drawn_tasks(tasks: tuple[str, ...], k: int, seed: int, group: int, replica: int) -> tuple[str, ...]:
+    """``k`` of ``tasks`` for one client (``clients[].tasks_per_client``), in the order of
+    ``tasks``: a draw from the run's seed, the group's index and the replica, so it is the same in
+    every process, on resume, and whatever the other groups are."""
+    chosen = np.random.default_rng(derive_seed("tasks_per_client", seed, group, replica)).choice(
+        len(tasks), size=k, replace=False
+    )
+    return tuple(tasks[i] for i in sorted(chosen))
+
+
 def build_clients(cfg: RunConfig) -> list[ClientSpec]:
     """One client per task of a single-task group, one per multi-task group, times replicas.
 
@@ -68,6 +81,8 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
                 )
         for task_set in [(t,) for t in tasks] if group.single_task else [tasks]:
             for replica in range(group.replicas):
+                if group.tasks_per_client is not None:
+                    task_set = drawn_tasks(tasks, group.tasks_per_client, cfg.seed, g, replica)
                 name = f"{group.dataset}-{'+'.join(task_set)}" + (f"-{replica}" if group.replicas > 1 else "")
                 entries.append((name, group.dataset, task_set, g))
     names = [e[0] for e in entries]

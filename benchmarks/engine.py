@@ -35,8 +35,8 @@ from fedmtl.config import ClientGroup, DataConfig, EvaluationConfig, LoggerConfi
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.federated.engine import run
 from fedmtl.methods import Local
-from fedmtl.methods.base import derive_seed as _seed
 from fedmtl.models import MultiTaskModel
+from fedmtl.seeds import derive_seed as _seed
 from fedmtl.synth import generate
 from fedmtl.tasks import multi_task_loss
 

@@ -230,8 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{copy_peak / gib:.2f} GiB); measured as {method}.",
     ]
     print("\n".join(lines))
-    path = results_file.write("aggregation", "FedHCA² aggregation against a copy", "\n".join(lines))
-    print(f"recorded in {path}")
+    results_file.record("aggregation", "FedHCA² aggregation against a copy", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -115,10 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             lines.append(results_file.row(shape, *cells, same))
             print(lines[-1], flush=True)
-    path = results_file.write(
+    results_file.record(
         "client_speed", "Client training time: sample cache and channels-last", "\n".join(lines)
     )
-    print(f"recorded in {path}")
     return 0
 
 

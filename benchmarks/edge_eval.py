@@ -112,10 +112,9 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
                 print(lines[-1], flush=True)
-    path = results_file.write(
+    results_file.record(
         "edge_eval", "Edge odsF counts: the fast path against the earlier code", "\n".join(lines)
     )
-    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -74,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     body = f"Edge odsF of {len(runs)} finished runs in {args.out}, each validated both ways.\n\n" + "\n".join(
         lines
     )
-    path = results_file.write(
+    results_file.record(
         f"edge_rescore_{args.out.name}", "Edge odsF: thinned against unthinned ground truth", body
     )
     print("\n".join(lines))
-    print(f"recorded in {path}")
     return 0
 
 

@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
     print("\n".join(lines))
-    path = results_file.write("engine", "Engine overhead against a plain PyTorch loop", "\n".join(lines))
-    print(f"recorded in {path}")
+    results_file.record("engine", "Engine overhead against a plain PyTorch loop", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     print("\n".join(lines))
-    path = results_file.write("eval_ratio", "Evaluation time against training time", "\n".join(lines))
-    print(f"recorded in {path}")
+    results_file.record("eval_ratio", "Evaluation time against training time", "\n".join(lines))
     return 0
 
 

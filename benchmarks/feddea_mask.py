@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                 results_file.row(label, name, f"{seconds * 1e3:.1f}", f"{seconds / times['clone']:.1f}")
             )
             print(lines[-1], flush=True)
-    path = results_file.write("feddea_mask", "FedDEA's update transform against a copy", "\n".join(lines))
-    print(f"recorded in {path}")
+    results_file.record("feddea_mask", "FedDEA's update transform against a copy", "\n".join(lines))
 
 
 if __name__ == "__main__":

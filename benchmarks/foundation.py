@@ -84,10 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         *(results_file.row(what, figure, f"{1000 * s:.1f}", f"{s / step:.2f}") for what, figure, s in rows),
     ]
     print("\n".join(lines))
-    path = results_file.write(
+    results_file.record(
         "foundation", "Foundation: data generation, loading and a training step", "\n".join(lines)
     )
-    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

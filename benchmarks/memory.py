@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
                 cells = (f"{gib:.2f}", f"{seconds:.0f}", f"{gib / fewest[store]:.2f}")
                 lines.append(results_file.row(clients, store, *cells))
                 print(lines[-1], flush=True)
-    path = results_file.write("memory", "Peak host memory with more clients", "\n".join(lines))
-    print(f"recorded in {path}")
+    results_file.record("memory", "Peak host memory with more clients", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -430,8 +430,7 @@ def record(part: str, title: str, lines: list[str]) -> None:
     """Print a part's table and record it in ``benchmarks/results/methods_PART.md``: one file a
     part, so that a part run on its own replaces only its own figures."""
     print("\n".join(lines), flush=True)
-    path = results_file.write(f"methods_{part}", title, "\n".join(lines))
-    print(f"recorded in {path}", flush=True)
+    results_file.record(f"methods_{part}", title, "\n".join(lines))
 
 
 if __name__ == "__main__":

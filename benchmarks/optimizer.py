@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(lines[-1], flush=True)
-    path = results_file.write(
-        "optimizer", "Training step: fused AdamW against per-tensor AdamW", "\n".join(lines)
-    )
-    print(f"recorded in {path}")
+    results_file.record("optimizer", "Training step: fused AdamW against per-tensor AdamW", "\n".join(lines))
     return 0
 
 

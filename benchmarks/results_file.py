@@ -4,7 +4,7 @@ A figure belongs to the script that measured it: the script writes it here, head
 command that produced it, the commit it ran (``+ uncommitted changes`` when the tree was
 dirty), the date and the machine, and the docs point to the file instead of copying numbers.
 A rerun of the same script replaces its own file, nothing else. The probes (``probes/``)
-record their tables the same way in ``probes/results/`` (``write(..., folder=...)``).
+record their tables the same way in ``probes/results/`` (``folder=PROBES``).
 
 With ``FEDMTL_RESULTS_DIR`` set, every file goes to that folder instead: a trial run or a test
 writes there, never over the figures the docs include.
@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROBES = RESULTS.parents[1] / "probes" / "results"  # where the probes record theirs
 RESULTS_DIR_VARIABLE = "FEDMTL_RESULTS_DIR"
 
 
@@ -88,4 +89,13 @@ def write(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.md"
     path.write_text(header(title, argv) + "\n" + body.rstrip() + "\n")
+    return path
+
+
+def record(
+    name: str, title: str, body: str, argv: list[str] | None = None, folder: Path | None = None
+) -> Path:
+    """:func:`write`, then say where on standard output: what every script ends with."""
+    path = write(name, title, body, argv, folder)
+    print(f"recorded in {path}", flush=True)
     return path

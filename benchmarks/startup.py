@@ -102,10 +102,9 @@ def main(argv: list[str] | None = None) -> None:
             results_file.row(label, where, f"{median:.2f}", f"{min(seconds):.2f}", f"{median / floor:.2f}")
         )
     print("\n".join(lines))
-    path = results_file.write(
+    results_file.record(
         "startup", "Start-up time of the quick commands against import torch", "\n".join(lines)
     )
-    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -74,13 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             tolerance = EDGE_MAX_DIST["pascal_context"] * size * 2**0.5
             lines.append(results_file.row(size, f"{tolerance:.2f}", f"{ceiling:.1f}", f"{sobel:.1f}"))
             print(lines[-1], flush=True)
-    path = results_file.write(
+    results_file.record(
         "edge_ceiling",
         "Edge odsF ceiling and Sobel per image size",
         "\n".join(lines),
-        folder=Path(__file__).resolve().parent / "results",
+        folder=results_file.PROBES,
     )
-    print(f"recorded in {path}")
     return 0
 
 

@@ -201,13 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                     print(lines[-1], flush=True)
-    path = results_file.write(
+    results_file.record(
         args.out,
         "Does a task learn? One client alone against the trivial predictor",
         "\n".join(lines),
-        folder=Path(__file__).resolve().parent / "results",
+        folder=results_file.PROBES,
     )
-    print(f"recorded in {path}")
     return 0
 
 

@@ -200,6 +200,8 @@ def read_config(parser: Any, path: Path) -> Any:
     from fedmtl.methods.feddea import nest_flat_host
 
     raw = yaml.safe_load(path.read_text())
-    if isinstance(raw, dict) and nest_flat_host(raw.get("algorithm")) is not raw.get("algorithm"):
-        return parser.parse_string(yaml.safe_dump({**raw, "algorithm": nest_flat_host(raw["algorithm"])}))
+    algorithm = raw.get("algorithm") if isinstance(raw, dict) else None
+    nested = nest_flat_host(algorithm)
+    if nested is not algorithm:
+        return parser.parse_string(yaml.safe_dump({**raw, "algorithm": nested}))
     return parser.parse_path(str(path))

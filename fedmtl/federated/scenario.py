@@ -81,10 +81,11 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
                 )
         for task_set in [(t,) for t in tasks] if group.single_task else [tasks]:
             for replica in range(group.replicas):
-                if group.tasks_per_client is not None:
-                    task_set = drawn_tasks(tasks, group.tasks_per_client, cfg.seed, g, replica)
-                name = f"{group.dataset}-{'+'.join(task_set)}" + (f"-{replica}" if group.replicas > 1 else "")
-                entries.append((name, group.dataset, task_set, g))
+                learns = task_set
+                if group.tasks_per_client is not None:  # a multi-task group: task_set is all its tasks
+                    learns = drawn_tasks(tasks, group.tasks_per_client, cfg.seed, g, replica)
+                name = f"{group.dataset}-{'+'.join(learns)}" + (f"-{replica}" if group.replicas > 1 else "")
+                entries.append((name, group.dataset, learns, g))
     names = [e[0] for e in entries]
     for i, name in enumerate(names):  # two groups may produce the same name
         if names.count(name) > 1:

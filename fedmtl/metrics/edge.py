@@ -569,7 +569,7 @@ def edge_image_counts(
 
     ``pred`` [H, W] uint8 grey levels (:func:`quantize_edge`), compared as ``pred / 255 >= t``;
     ``target`` [H, W] in {0, 1, ignore_index}; with ``thin_gt`` (default) its boundary pixels
-    are thinned after cropping, as SEISM does (module docstring, point 4). Padding
+    are thinned after cropping, as SEISM does (docs/evaluation.md, "4. Thinning"). Padding
     (``ignore_index``) is removed from both maps. The public code crops the padding off before
     evaluating, so the matching radius is ``max_dist`` × the diagonal of the valid region's
     bounding box, not of the padded array. With ``nms`` (default) the cropped grey levels first
@@ -630,10 +630,10 @@ class EdgeODSF(Metric):
     those uint8 grey levels themselves (e.g. read from saved PNGs, i.e. FedHCA²'s ``edge/img``,
     not the ``edge/nms`` output); ``target`` [B, H, W] binary boundary map, ``ignore_index``
     marking padding. ``nms`` (default True): apply the public structured-edge non-maximum
-    suppression to each image's grey levels before thresholding (module docstring, point 3);
-    False thresholds the grey levels directly. ``thin_gt`` (default True): thin the ground-truth
-    boundary map before matching, as the authors' SEISM fork does (module docstring, point 4);
-    False matches against the map as given. The quantisation runs on the input's device;
+    suppression to each image's grey levels before thresholding (docs/evaluation.md, "3.
+    Non-maximum suppression"); False thresholds the grey levels directly. ``thin_gt`` (default
+    True): thin the ground-truth boundary map before matching, as the authors' SEISM fork does
+    (docs/evaluation.md, "4. Thinning"); False matches against the map as given. The quantisation runs on the input's device;
     the NMS and the matching run per image on the CPU in numpy; the state is four [T] count
     tensors summed across processes.
     """

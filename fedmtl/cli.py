@@ -246,6 +246,12 @@ def _report_parser() -> ArgumentParser:
         help="also draw metrics and Δm over the rounds to this .png or .svg",
     )
     parser.add_argument(
+        "--held_out",
+        type=bool,
+        default=False,
+        help="report the runs' held-out clients (fine-tuned after the last round) instead of the federation",
+    )
+    parser.add_argument(
         "--overwrite", type=bool, default=False, help="replace an existing --output / --curves file"
     )
     return parser
@@ -257,7 +263,12 @@ def _report(args: Namespace) -> None:
 
     fmt = report.check_format(args.format or report.format_for(args.output))
     report.check_outputs(args.output, args.curves, args.overwrite)
-    runs = report.build_report(args.runs, baseline=args.baseline)
+    if args.held_out and args.curves is not None:
+        raise ValueError(
+            "--curves draws the federation's rounds, and held-out clients are evaluated once, after the "
+            "last: leave out --curves with --held_out true"
+        )
+    runs = report.build_report(args.runs, baseline=args.baseline, held_out=args.held_out)
     text = report.render(report.compute_table(runs), fmt)
     figure = report.draw_curves(runs) if args.curves is not None else None
     if args.output is None:

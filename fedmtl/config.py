@@ -130,6 +130,9 @@ class ClientGroup:
     (the paper's 2C / 4C runs): the dataset's training set is then shared by more clients.
     ``tasks_per_client: k`` gives each multi-task client k of the tasks, drawn with the run's
     seed, so many replicas make a federation of overlapping task sets in one line.
+    ``held_out: true`` keeps the group's clients out of the federation: after the last round
+    each starts from the federated model, fine-tunes on its own data and is evaluated (the test
+    of how a method serves a new client), reported apart.
 
     Attributes:
         dataset: pascal_context or nyud.
@@ -149,6 +152,13 @@ class ClientGroup:
             sees the whole batch, as the public SyncBatchNorm does). 1: one normalisation over
             the whole batch. Must divide batch_size.
         optimizer: each client's optimizer and learning-rate schedule.
+        held_out: the group's clients never train in the federation; after the last round each
+            starts from the federated model (the mean of the federated clients' evaluated models
+            over what the method shares; its own first draw for what stays personal), fine-tunes
+            for fine_tune_epochs with a fresh AdamW at optimizer.lr, constant, and is evaluated;
+            results.json and the report give them apart (held_out).
+        fine_tune_epochs: a held-out group's fine-tuning epochs on its own data (0: evaluate the
+            federated model as it is); null: its local_epochs. Only for held_out groups.
     """
 
     dataset: str
@@ -160,6 +170,8 @@ class ClientGroup:
     batch_size: int = 8
     loss_shards: int = 1
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    held_out: bool = False
+    fine_tune_epochs: int | None = None
 
     def __post_init__(self) -> None:
         # A list item cannot know its index; the dataset tells the groups apart in most configs.
@@ -180,6 +192,13 @@ class ClientGroup:
                     f"clients[].tasks_per_client must be between 1 and the group's {n} tasks, got {k}{where} "
                     "(or null: every client learns all of them)"
                 )
+        if self.fine_tune_epochs is not None:
+            if not self.held_out:
+                raise ValueError(
+                    f"clients[].fine_tune_epochs ({self.fine_tune_epochs}) needs held_out: true{where}: only "
+                    "held-out clients fine-tune after the federation; set held_out true or remove fine_tune_epochs"
+                )
+            _at_least("clients[].fine_tune_epochs", self.fine_tune_epochs, 0, f"{where} (0: no fine-tuning)")
         if self.batch_size % self.loss_shards:
             raise ValueError(
                 f"clients[].loss_shards ({self.loss_shards}) must divide clients[].batch_size "
@@ -426,6 +445,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients is empty: the scenario needs at least one client group")
+        if all(group.held_out for group in self.clients):
+            raise ValueError(
+                "clients are all held_out, so no client trains in the federation; set held_out "
+                "false on at least one group"
+            )
         _at_least("rounds", self.rounds, 1)
         if self.accelerator.lower() not in ACCELERATORS:
             raise ValueError(

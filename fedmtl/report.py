@@ -151,8 +151,9 @@ class Table:
 # ---------------------------------------------------------------------------- loading runs
 
 
-def load_run(path: str | Path) -> Run:
-    """A finished run directory; raises naming the directory when it is missing or unfinished."""
+def load_run(path: str | Path, held_out: bool = False) -> Run:
+    """A finished run directory; raises naming the directory when it is missing or unfinished.
+    ``held_out``: the run as its held-out clients saw it (results.json's ``held_out``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run directory")
@@ -160,15 +161,14 @@ def load_run(path: str | Path) -> Run:
         raise ValueError(f"{path} is a file: give run directories (each holds results.json)")
     config = _read_config(path)
     results = _read_results(path, config)
-    columns = _columns(path, results["clients"])
-    metrics = _final_metrics(path, results["clients"], columns)
+    clients = _held_out_clients(path, results) if held_out else results["clients"]
+    columns = _columns(path, clients)
+    metrics = _final_metrics(path, clients, columns)
     return Run(
         path=path,
         algorithm=str(results.get("algorithm", "?")),
         seed=results.get("seed", config.get("seed")),
-        scenario={
-            client: (info["dataset"], tuple(info["tasks"])) for client, info in results["clients"].items()
-        },
+        scenario={client: (info["dataset"], tuple(info["tasks"])) for client, info in clients.items()},
         columns=columns,
         metrics=metrics,
         config_key=_config_key(config, results),
@@ -201,6 +201,15 @@ def _read_results(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(results, dict) or not isinstance(results.get("clients"), dict):
         raise ValueError(f'{file} is not a fedmtl results file: it has no "clients"')
     return results
+
+
+def _held_out_clients(path: Path, results: Mapping[str, Any]) -> Mapping[str, Any]:
+    section = results.get("held_out")
+    if not isinstance(section, dict) or not isinstance(section.get("clients"), dict):
+        raise ValueError(
+            f"{path} has no held-out clients (clients[].held_out in its config): report it without --held_out"
+        )
+    return section["clients"]
 
 
 def _columns(path: Path, clients: Mapping[str, Any]) -> tuple[Column, ...]:
@@ -251,14 +260,15 @@ def _config_key(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     return json.dumps(sorted(fields.items()), default=str)
 
 
-def load_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Every run once (a directory given twice is read once), all of the same scenario."""
+def load_runs(paths: Iterable[str | Path], held_out: bool = False) -> list[Run]:
+    """Every run once (a directory given twice is read once), all of the same scenario
+    (``held_out``: their held-out clients, :func:`load_run`)."""
     runs: list[Run] = []
     seen: set[Path] = set()
     for path in paths:
         if Path(path).resolve() in seen:
             continue
-        runs.append(load_run(path))
+        runs.append(load_run(path, held_out))
         seen.add(runs[-1].path.resolve())
     check_same_scenario(runs)
     return runs
@@ -340,14 +350,15 @@ def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) ->
     )
 
 
-def build_report(paths: Sequence[str | Path], baseline: str | None = None) -> Report:
-    """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them."""
+def build_report(paths: Sequence[str | Path], baseline: str | None = None, held_out: bool = False) -> Report:
+    """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them.
+    ``held_out``: the table of the runs' held-out clients instead of the federation's."""
     paths = list(paths)
     if baseline is not None and Path(baseline).is_dir():
         paths.append(baseline)  # read once if it is already there
     if not paths:
         raise ValueError("no run directories to report on")
-    runs = load_runs(paths)
+    runs = load_runs(paths, held_out)
     methods = group_runs(runs)
     chosen = choose_baseline(methods, baseline)
     ordered = (chosen, *(m for m in methods if m is not chosen))

@@ -101,6 +101,24 @@ REFUSED = {
         "clients[].tasks_per_client",
         "needs single_task: false",
     ),
+    "every client group held out": (
+        {"clients": [{**PASCAL, "held_out": True}, {**NYUD, "held_out": True}]},
+        [],
+        "clients",
+        "set held_out false on at least one group",
+    ),
+    "clients[].fine_tune_epochs without held_out": (
+        _group(fine_tune_epochs=1),
+        [],
+        "clients[].fine_tune_epochs",
+        "needs held_out: true",
+    ),
+    "clients[].fine_tune_epochs -1": (
+        _group(held_out=True, fine_tune_epochs=-1),
+        [],
+        "clients[].fine_tune_epochs",
+        "(0: no fine-tuning)",
+    ),
     "clients[].loss_shards not dividing the batch": (
         _group(batch_size=8, loss_shards=3),
         [],

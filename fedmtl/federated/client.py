@@ -37,6 +37,8 @@ class ClientSpec:
     train_indices: tuple[int, ...]  # its partition of the dataset's training split
     optimizer: OptimizerConfig = OptimizerConfig()
     loss_shards: int = 1  # parts of a batch normalised on their own (ClientGroup.loss_shards)
+    # A held-out client's fine-tuning epochs after the federation; None: a federated client.
+    fine_tune_epochs: int | None = None
 
     @property
     def single_task(self) -> bool:

@@ -55,13 +55,13 @@ from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.config import RunConfig
 from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
-from fedmtl.federated import checkpoint, evaluation, health, pools, stopping
+from fedmtl.federated import checkpoint, evaluation, health, held_out, pools, stopping
 from fedmtl.federated import rows as row_files
-from fedmtl.federated.client import ClientModule
+from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
 from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
-from fedmtl.federated.scenario import build_clients
+from fedmtl.federated.scenario import build_scenario
 from fedmtl.federated.sharding import assign_clients
 from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text
 from fedmtl.federated.training import (
@@ -94,12 +94,18 @@ class Simulation:
         self.fabric = fabric
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
-        self.specs = build_clients(cfg)
+        self.specs, self.held_out = build_scenario(cfg)
         self.world = fabric.world_size
         self.ranks = assign_clients([s.cost for s in self.specs], self.world)
         self.mine = [i for i, r in enumerate(self.ranks) if r == fabric.global_rank]
+        # Held-out clients are numbered after the federation's (len(specs) + h) for their seeds
+        # and modules; they join only after the last round.
+        held_ranks = assign_clients([s.cost for s in self.held_out], self.world) if self.held_out else []
+        self.mine_held_out = [h for h, r in enumerate(held_ranks) if r == fabric.global_rank]
         self.method = cfg.algorithm
         self.total_epochs = {i: cfg.rounds * s.local_epochs for i, s in enumerate(self.specs)}
+        for h, spec in enumerate(self.held_out):
+            self.total_epochs[len(self.specs) + h] = max(1, spec.fine_tune_epochs)  # unused: no schedule
         self.store = ClientStore(cfg.store, self.run_dir / "store" / f"rank_{fabric.global_rank}")
         self._modules: dict[tuple[str, tuple[str, ...]], ClientModule] = {}
         # Per architecture: a host model and its state as first drawn (_initial_state).
@@ -132,17 +138,21 @@ class Simulation:
 
     # ------------------------------------------------------------------ data and modules
 
+    def _spec(self, i: int) -> ClientSpec:
+        """Client ``i``: the federation's, or held-out client ``i - len(specs)``."""
+        return self.specs[i] if i < len(self.specs) else self.held_out[i - len(self.specs)]
+
     def _img_size(self, i: int) -> tuple[int, int]:
         """Client ``i``'s training crop: the config's, or its dataset's paper size. Swin fixes
         its input size at construction; its parameters do not depend on it, so clients on
         datasets of different sizes still aggregate."""
-        size = self.cfg.data.train_size or DATASETS.get(self.specs[i].dataset).train_size
+        size = self.cfg.data.train_size or DATASETS.get(self._spec(i).dataset).train_size
         return (int(size[0]), int(size[1]))
 
     def _dataset(self, i: int, split: str) -> DenseDataset:
         """Client ``i``'s part of ``split``: its training indices and augmentation seed on the
         training split, the whole split for validation."""
-        spec = self.specs[i]
+        spec = self._spec(i)
         key = (spec.dataset, spec.tasks, split)
         if key not in self._datasets:
             self._datasets[key] = build_dataset(
@@ -169,7 +179,7 @@ class Simulation:
 
     def _module(self, i: int) -> ClientModule:
         """The device-resident model of client ``i``'s architecture (shared by same-shaped clients)."""
-        spec = self.specs[i]
+        spec = self._spec(i)
         key = (spec.dataset, spec.tasks)
         if key not in self._modules:
             module = ClientModule(
@@ -182,11 +192,18 @@ class Simulation:
         return module
 
     def _initial_state(self, i: int) -> ClientState:
-        # Every client starts from the same encoder, as from a shared pretrained backbone; its
-        # decoders and heads are its own random draw, as the public code builds each client's
-        # model on its own. Seeds by client index make the start independent of the rank. The
-        # host template is built once per architecture, its decoders and heads redrawn per client.
-        spec = self.specs[i]
+        module = self._drawn_model(i)
+        personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
+        return {**new_track(module.model), "personal": personal}
+
+    def _drawn_model(self, i: int) -> ClientModule:
+        """Client ``i``'s first model, in its architecture's host template.
+
+        Every client starts from the same encoder, as from a shared pretrained backbone; its
+        decoders and heads are its own random draw, as the public code builds each client's
+        model on its own. Seeds by client index make the start independent of the rank. The
+        host template is built once per architecture, its decoders and heads redrawn per client."""
+        spec = self._spec(i)
         key = (spec.dataset, spec.tasks)
         if key not in self._templates:
             with torch.random.fork_rng(devices=[]):
@@ -197,8 +214,7 @@ class Simulation:
         module.model.load_state_dict(drawn)
         reinitialise(module.model.decoders, derive_seed(self.cfg.seed, "init", "decoders", i))
         reinitialise(module.model.heads, derive_seed(self.cfg.seed, "init", "heads", i))
-        personal = self.method.init_client(module.model, self.clients[i], self.cfg.seed)
-        return {**new_track(module.model), "personal": personal}
+        return module
 
     def _state(self, i: int, partly: bool = False) -> ClientState:
         """Client ``i``'s stored state (``partly``: only a part of it will be read); a client
@@ -515,6 +531,69 @@ class Simulation:
                     "and the last checkpoint is kept (a method option may be out of range)"
                 )
 
+    @torch.no_grad()
+    def _federated_parts(self) -> dict[held_out.Part, torch.Tensor]:
+        """The parts of the federated model the held-out clients take: each shared part's mean
+        over the federated clients' evaluated models that hold it (module held_out)."""
+        shared = held_out.shared_parts(self.method)
+        first = len(self.specs)
+        owner = {}  # a held-out client of each part's architecture: sizes every rank agrees on
+        for h, spec in enumerate(self.held_out):
+            for part in held_out.parts_of(spec.dataset, spec.tasks, shared):
+                owner.setdefault(part, first + h)
+        size = {
+            part: held_out.flat_state(part.module(self._module(i).model)).numel() for part, i in owner.items()
+        }
+        sums = held_out.PartSums(list(owner), size)
+        for i in self.mine:
+            spec = self.specs[i]
+            model_state = self.method.evaluated_models(self._state(i, partly=True))[self.labels[0]]
+            if not all_finite(model_state.values()):  # a diverged client gives the new ones nothing
+                continue
+            module = self._module(i)
+            module.model.load_state_dict(model_state)
+            sums.add(module.model, held_out.parts_of(spec.dataset, spec.tasks, shared))
+        sums.sums = self._sum_over_ranks(sums.sums.to(self.fabric.device)).cpu()
+        sums.counts = self._sum_over_ranks(sums.counts.to(self.fabric.device)).cpu()
+        return sums.means()
+
+    def _held_out_results(self) -> dict[str, dict[str, float]]:
+        """Every held-out client after the last round: the federated model's shared parts on
+        its first draw, fine-tuned on its own data, evaluated: {client: {task: value}}."""
+        parts = self._federated_parts()
+        shared = held_out.shared_parts(self.method)
+        first = len(self.specs)
+        table = torch.zeros(
+            len(self.held_out), len(TASK_SLOTS), dtype=torch.float64, device=self.fabric.device
+        )
+        with contextlib.suppress(stopping.Abandoned):  # the ranks still meet in the sum below
+            for h in self.mine_held_out:
+                i, spec = first + h, self.held_out[h]
+                module = self._module(i)
+                module.model.load_state_dict(self._drawn_model(i).model.state_dict())
+                for part in held_out.parts_of(spec.dataset, spec.tasks, shared):
+                    if part in parts:
+                        held_out.load_flat_state(part.module(module.model), parts[part])
+                track = new_track(module.model)
+                epochs = spec.fine_tune_epochs
+                if epochs:
+                    data = self._dataset(i, "train")
+                    self.trainer.train(
+                        module, i, data, track, epochs=epochs, order="held-out", fine_tune=spec.optimizer
+                    )
+                module.model.load_state_dict(track["model"])
+                if not all_finite(track["model"].values()):
+                    table[h] = math.nan
+                    continue
+                with torch.no_grad():
+                    for task, value in self._validate(i, module).items():
+                        table[h, TASK_SLOTS[task]] = value
+        table = self._sum_over_ranks(table).cpu()
+        return {
+            spec.name: {t: float(table[h, TASK_SLOTS[t]]) for t in spec.tasks}
+            for h, spec in enumerate(self.held_out)
+        }
+
     def _finish_clients(self) -> None:
         """The method's work after the last aggregation (e.g. FedBABU's fine-tuning)."""
         for i in self.mine:
@@ -589,12 +668,7 @@ class Simulation:
                         table[self.labels.index(label), i] = math.nan
                         continue
                     module.model.load_state_dict(model_state)
-                    module.eval()
-                    loader = self._loader(self._dataset(i, "val"), self.cfg.evaluation.batch_size, None)
-                    for batch in self.trainer.batches(loader):
-                        with self.fabric.autocast():
-                            module.validation_step(batch)
-                    for task, value in module.compute_metrics().items():
+                    for task, value in self._validate(i, module).items():
                         table[self.labels.index(label), i, TASK_SLOTS[task]] = value
         table = self._sum_over_ranks(table).cpu()
         present = self._sum_over_ranks(present).cpu()
@@ -607,6 +681,15 @@ class Simulation:
             if int(present[k]) == len(evaluated)
         }
 
+    def _validate(self, i: int, module: ClientModule) -> dict[str, float]:
+        """The task metrics of the model in ``module`` on client ``i``'s validation split."""
+        module.eval()
+        loader = self._loader(self._dataset(i, "val"), self.cfg.evaluation.batch_size, None)
+        for batch in self.trainer.batches(loader):
+            with self.fabric.autocast():
+                module.validation_step(batch)
+        return module.compute_metrics()
+
     def _evaluated_clients(self) -> list[int] | None:
         """The clients this round's evaluation covers (None: every client)."""
         last = self.round == self.cfg.rounds
@@ -614,7 +697,7 @@ class Simulation:
 
     @property
     def _datasets_of(self) -> dict[str, str]:
-        return {s.name: s.dataset for s in self.specs}
+        return {s.name: s.dataset for s in [*self.specs, *self.held_out]}
 
     # ------------------------------------------------------------------ the run
 
@@ -702,6 +785,9 @@ class Simulation:
             with timed(times, "eval"):
                 results = self.evaluate(self._evaluated_clients())
                 self._agree()  # a stop requested during the evaluation: its numbers are not logged
+            if self.round == self.cfg.rounds and self.held_out:
+                with timed(times, "held_out"), self._phase():
+                    results[held_out.LABEL] = self._held_out_results()
             values |= evaluation.logged_values(results, self.labels, self._datasets_of)
         values |= {f"server/{k}": v for k, v in self.method.log_values().items()}
         values |= {f"time/{k}": v for k, v in times.items()}
@@ -823,14 +909,14 @@ class Simulation:
             value = results.get(label, {}).get(client, {}).get(task, math.nan)
             return None if math.isnan(value) else value  # JSON has no NaN: null
 
-        def table(label: str) -> dict[str, Any]:
+        def table(label: str, specs: list[ClientSpec] = self.specs) -> dict[str, Any]:
             return {
                 s.name: {
                     "dataset": s.dataset,
                     "tasks": list(s.tasks),
                     "metrics": {t: {get_task(t).metric_name: metric(label, s.name, t)} for t in s.tasks},
                 }
-                for s in self.specs
+                for s in specs
             }
 
         summary = {
@@ -847,6 +933,14 @@ class Simulation:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
         if self.head_groups:
             summary["unified"] = self._unified(summary["clients"])
+        if self.held_out:
+            clients = table(held_out.LABEL, self.held_out)
+            for spec in self.held_out:
+                clients[spec.name]["fine_tune_epochs"] = spec.fine_tune_epochs
+            summary["held_out"] = {
+                "clients": clients,
+                "tasks": evaluation.task_summary(results.get(held_out.LABEL, {}), self._datasets_of),
+            }
         # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
         nonfinite = {
             label: [c for c, tasks in results[label].items() if any(math.isnan(v) for v in tasks.values())]
@@ -994,7 +1088,11 @@ def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str,
     sim = Simulation(fabric, cfg)
     sim.setup_layouts()
     rounds = sim.restore(folder)
-    summary = sim.summary(sim.evaluate(), rounds=rounds)
+    results = sim.evaluate()
+    recorded = sim.history[-1]["metrics"] if sim.history and sim.history[-1]["round"] == cfg.rounds else {}
+    if held_out.LABEL in recorded:  # held-out clients are never stored: their recorded metrics
+        results[held_out.LABEL] = recorded[held_out.LABEL]
+    summary = sim.summary(results, rounds=rounds)
     if fabric.global_rank != 0:
         return None
     if output is not None:

@@ -142,10 +142,11 @@ def exploding(mask: int) -> bool:
 
 def client_groups(groups: Sequence[Any]) -> list[int]:
     """The config's client group (index into ``clients``) of every client, in client order:
-    a single-task group makes one client per task, a multi-task group one, times replicas
-    (``fedmtl.federated.scenario.build_clients``)."""
+    a single-task group makes one client per task, a multi-task group one, times replicas;
+    held-out groups are not in the federation (``fedmtl.federated.scenario.build_clients``)."""
     return [
         g
         for g, group in enumerate(groups)
+        if not group.held_out
         for _ in range((len(group.tasks) if group.single_task else 1) * group.replicas)
     ]

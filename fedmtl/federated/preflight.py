@@ -18,7 +18,7 @@ from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, build_dataset
 from fedmtl.data.layout import read_split
 from fedmtl.federated.client import ClientModule, ClientSpec
-from fedmtl.federated.scenario import build_clients
+from fedmtl.federated.scenario import build_scenario
 
 _LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -56,8 +56,10 @@ def check_environment(cfg: RunConfig) -> None:
 
 def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
     """The clients build (tasks, data splits, partitions), every split they use is readable and
-    not empty, and every client architecture runs at the training size; returns the clients."""
-    specs = build_clients(cfg)
+    not empty, and every client architecture runs at the training size (held-out clients too);
+    returns the federation's clients."""
+    federated, held_out = build_scenario(cfg)
+    specs = [*federated, *held_out]
     root = cfg.data.resolved_root()
     for name in sorted({s.dataset for s in specs}):
         val = DATASETS.get(name).split_file(root, "val")
@@ -99,8 +101,8 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             except ValueError as err:
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
-    check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in specs])
-    return specs
+    check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
+    return federated
 
 
 def available_memory() -> int | None:

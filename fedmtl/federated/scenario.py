@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmtl.config import RunConfig
+from fedmtl.config import ClientGroup, RunConfig
 from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, one_line
 from fedmtl.data.layout import read_split
@@ -41,9 +41,9 @@ def train_split_size(cfg: RunConfig, dataset: str) -> int:
 
 
 def count_clients(cfg: RunConfig) -> int:
-    """How many clients the scenario has (without reading any data): one per task of a
-    single-task group, one per multi-task group, times replicas."""
-    return sum((len(g.tasks) if g.single_task else 1) * g.replicas for g in cfg.clients)
+    """How many clients the federation has (without reading any data): one per task of a
+    single-task group, one per multi-task group, times replicas; held-out groups are not in it."""
+    return sum((len(g.tasks) if g.single_task else 1) * g.replicas for g in cfg.clients if not g.held_out)
 
 
 def drawn_tasks(tasks: tuple[str, ...], k: int, seed: int, group: int, replica: int) -> tuple[str, ...]:
@@ -57,10 +57,23 @@ def drawn_tasks(tasks: tuple[str, ...], k: int, seed: int, group: int, replica: 
 
 
 def build_clients(cfg: RunConfig) -> list[ClientSpec]:
-    """One client per task of a single-task group, one per multi-task group, times replicas.
+    """The federation's clients (:func:`build_scenario`, without the held-out ones)."""
+    return build_scenario(cfg)[0]
+
+
+def build_held_out(cfg: RunConfig) -> list[ClientSpec]:
+    """The held-out clients (``clients[].held_out``), which join only after the last round."""
+    return build_scenario(cfg)[1]
+
+
+def build_scenario(cfg: RunConfig) -> tuple[list[ClientSpec], list[ClientSpec]]:
+    """The federation's clients and the held-out ones: one client per task of a single-task
+    group, one per multi-task group, times replicas.
 
     The training set of a dataset is split at random into equal parts among its clients
-    (single-task and multi-task clients of a dataset each split it, as the public code does).
+    (single-task and multi-task clients of a dataset each split it, as the public code does;
+    held-out clients split it among themselves, so they leave the federation's parts as they
+    are).
     """
     if not cfg.clients:
         raise ValueError("clients: the scenario needs at least one client group")
@@ -85,6 +98,7 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
                 if group.tasks_per_client is not None:  # a multi-task group: task_set is all its tasks
                     learns = drawn_tasks(tasks, group.tasks_per_client, cfg.seed, g, replica)
                 name = f"{group.dataset}-{'+'.join(learns)}" + (f"-{replica}" if group.replicas > 1 else "")
+                name += "-held-out" if group.held_out else ""  # never renames a federated client
                 entries.append((name, group.dataset, learns, g))
     names = [e[0] for e in entries]
     for i, name in enumerate(names):  # two groups may produce the same name
@@ -95,9 +109,9 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
         [e[1] for e in entries],
         sizes,
         seed=cfg.seed,
-        groups=["st" if cfg.clients[e[3]].single_task else "mt" for e in entries],
+        groups=[_partition_group(cfg.clients[e[3]]) for e in entries],
     )
-    return [
+    specs = [
         ClientSpec(
             name=name,
             dataset=dataset,
@@ -107,6 +121,25 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
             loss_shards=cfg.clients[g].loss_shards,
             train_indices=tuple(part),
             optimizer=cfg.clients[g].optimizer,
+            fine_tune_epochs=_fine_tune_epochs(cfg.clients[g]),
         )
         for name, (_, dataset, tasks, g), part in zip(names, entries, parts, strict=True)
     ]
+    held_out = [cfg.clients[e[3]].held_out for e in entries]
+    return (
+        [s for s, out in zip(specs, held_out, strict=True) if not out],
+        [s for s, out in zip(specs, held_out, strict=True) if out],
+    )
+
+
+def _fine_tune_epochs(group: ClientGroup) -> int | None:
+    """A held-out group's fine-tuning epochs (its local epochs unless set); None if it is federated."""
+    if not group.held_out:
+        return None
+    return group.local_epochs if group.fine_tune_epochs is None else group.fine_tune_epochs
+
+
+def _partition_group(group: ClientGroup) -> str:
+    """Which clients of a dataset split its training set together (partition_clients' groups)."""
+    kind = "st" if group.single_task else "mt"
+    return f"held_out/{kind}" if group.held_out else kind

@@ -18,6 +18,7 @@ hook                   what it decides                                          
 ``receive_heads``      the same for heads, when the method shares them             FedAvg (unified)
 ``finish``             work after the last round (never fed back to the server)    FedBABU
 ``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
+``shared_parts``       what a new (held-out) client receives of the federation     FedPer, Local
 =====================  ==========================================================  =================
 
 The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
@@ -134,6 +135,13 @@ class Method(Aggregator):
         """Whether the server aggregates heads too (the unified-model setting): the engine then
         exchanges them (``RoundInput.heads``). Default: heads stay local, as in HC-FMTL."""
         return False
+
+    @property
+    def shared_parts(self) -> frozenset[str]:
+        """The parts of a client model the server shares among clients, by module: ``encoder``,
+        ``decoders``, ``heads``; what a new (held-out) client receives of the federated model.
+        Default: the encoder and the decoders, and the heads when the method shares them."""
+        return frozenset({"encoder", "decoders", *(("heads",) if self.shares_heads else ())})
 
     def __init__(self, participation: float = 1.0) -> None:
         within("participation", participation, "(0, 1]", " (a fraction of the clients)")

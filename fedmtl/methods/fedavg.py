@@ -164,6 +164,11 @@ class FedAvg(Method):
         return weights, mixing, trained
 
     @property
+    def shared_parts(self) -> frozenset[str]:
+        scopes = {"encoder": self.encoder_scope, "decoders": self.decoder_scope, "heads": self.head_scope}
+        return frozenset(part for part, scope in scopes.items() if scope != "none")
+
+    @property
     def shares_heads(self) -> bool:
         return self.head_scope != "none"
 

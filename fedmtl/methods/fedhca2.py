@@ -164,6 +164,11 @@ class FedHCA2(Method):
         self._aggregate_decoders = decoders[decoder]
         self._reset()
 
+    @property
+    def shared_parts(self) -> frozenset[str]:
+        modes = {"encoder": self.encoder, "decoders": self.decoder}
+        return frozenset(part for part, mode in modes.items() if mode != "none")
+
     def _reset(self) -> None:
         self._round = 0  # the last round aggregated; 0 before the first
         self._clients: list[str] = []  # names, for log_values and the consistency check

@@ -21,6 +21,7 @@ class Local(Method):
     """
 
     evaluated = "local"
+    shared_parts = frozenset()  # nothing leaves a client
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
         return RoundOutput(

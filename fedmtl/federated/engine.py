@@ -61,7 +61,7 @@ from fedmtl.federated.client import ClientModule
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
 from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
-from fedmtl.federated.scenario import build_clients
+from fedmtl.federated.scenario import build_clients, class_histograms
 from fedmtl.federated.sharding import assign_clients
 from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text
 from fedmtl.federated.training import (
@@ -127,6 +127,7 @@ class Simulation:
         # The models a method evaluates, its paper's one first (e.g. Ditto: personal, global).
         self.labels = [self.method.evaluated, *getattr(self.method, "also_evaluated", ())]
         self.history: list[dict[str, Any]] = []
+        self._histograms: list[dict[str, int] | None] | None = None  # computed for results.json
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and interactive()
 
@@ -843,6 +844,7 @@ class Simulation:
             # Per dataset and task, across clients: mean, standard deviation, clients counted
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), self._datasets_of),
         }
+        self._record_partition(summary["clients"])
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
         if self.head_groups:
@@ -856,6 +858,18 @@ class Simulation:
         if any(nonfinite.values()):
             summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
         return summary
+
+    def _record_partition(self, clients: dict[str, Any]) -> None:
+        """Each client's ``train_images`` (the images it trains on) and ``class_histogram``
+        (those images per dominant class), into its results entry. The histograms read every
+        training label once; only rank 0, which writes results.json, computes them."""
+        if self.fabric.global_rank != 0:
+            return
+        if self._histograms is None:
+            self._histograms = class_histograms(self.cfg, self.specs)
+        for info, spec, histogram in zip(self.clients, self.specs, self._histograms, strict=True):
+            clients[spec.name]["train_images"] = info.num_samples
+            clients[spec.name]["class_histogram"] = histogram
 
     def _unified(self, clients: dict[str, Any]) -> dict[str, Any]:
         """The unified model's metric per task (``dataset/task``), for a method that shares

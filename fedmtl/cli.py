@@ -42,6 +42,8 @@ class ArgumentParser(_ArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if 'Parser key "algorithm"' in message:
             message = _method_error(message)
+        elif 'Parser key "data.partition"' in message:
+            message = _partition_error(message)
         if not self.exit_on_error:  # a parent parser reports it
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
@@ -66,6 +68,18 @@ def _method_error(message: str) -> str:
 
         known = f"FedDEA's hosts: {', '.join(HOSTS)}"
     return f'Parser key "{key}": no method named {name.group(1)!r}; {known}'
+
+
+def _partition_error(message: str) -> str:
+    """jsonargparse's error about ``data.partition``, an unknown name said in one phrase with
+    the names it may take."""
+    from fedmtl.data.partition import PARTITIONERS
+
+    known = f"known partitions: {', '.join(PARTITIONERS.names())}"
+    name = re.search(r"import path string: (\S+)", message)
+    if name is None:  # a known partition with an option of the wrong type: jsonargparse says it
+        return message
+    return f'Parser key "data.partition": no partition named {name.group(1)!r}; {known}'
 
 
 def _check_config_files(argv: list[str]) -> list[str]:
@@ -252,7 +266,17 @@ def _report_parser() -> ArgumentParser:
         help="report the runs' held-out clients (fine-tuned after the last round) instead of the federation",
     )
     parser.add_argument(
-        "--overwrite", type=bool, default=False, help="replace an existing --output / --curves file"
+        "--partition",
+        type=str | None,
+        default=None,
+        help="also draw each client's training images per dominant class (results.json's "
+        "class_histogram), per dataset, to this .png or .svg",
+    )
+    parser.add_argument(
+        "--overwrite",
+        type=bool,
+        default=False,
+        help="replace an existing --output / --curves / --partition file",
     )
     return parser
 
@@ -262,7 +286,7 @@ def _report(args: Namespace) -> None:
     from fedmtl import report
 
     fmt = report.check_format(args.format or report.format_for(args.output))
-    report.check_outputs(args.output, args.curves, args.overwrite)
+    report.check_outputs(args.output, args.curves, args.overwrite, args.partition)
     if args.held_out and args.curves is not None:
         raise ValueError(
             "--curves draws the federation's rounds, and held-out clients are evaluated once, after the "
@@ -271,6 +295,7 @@ def _report(args: Namespace) -> None:
     runs = report.build_report(args.runs, baseline=args.baseline, held_out=args.held_out)
     text = report.render(report.compute_table(runs), fmt)
     figure = report.draw_curves(runs) if args.curves is not None else None
+    partition = report.draw_partition(runs) if args.partition is not None else None
     if args.output is None:
         print(text, end="")
     else:
@@ -279,6 +304,9 @@ def _report(args: Namespace) -> None:
     if figure is not None:
         report.write_figure(args.curves, figure, args.overwrite)
         print(f"curves: {args.curves}")
+    if partition is not None:
+        report.write_figure(args.partition, partition, args.overwrite)
+        print(f"partition: {args.partition}")
 
 
 def _parser() -> ArgumentParser:

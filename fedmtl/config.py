@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from jsonargparse import lazy_instance
 
+from fedmtl.data.partition import Partitioner, Uniform
 from fedmtl.methods import Local, Method
 from fedmtl.models.backbone import DEFAULT_BACKBONE, SWIN_WINDOWS
 
@@ -269,6 +270,13 @@ class DataConfig:
             the images at the positions k whose split image k has a person, and a multi-task
             client's image at such a position k keeps its label, the others get none (all 255).
             Validation sets (the whole split) are the same in both (fedmtl/data/pascal_context.py).
+        partition: how the clients of a dataset split its training images, by name
+            (--data.partition Dirichlet --data.partition.alpha 0.1) or as class_path / init_args,
+            drawn with the run's seed: Uniform (equal random parts, the public code's), Dirichlet
+            (label skew over each image's dominant class; alpha), Quantity (size skew; distribution
+            dirichlet with alpha, or power_law with exponent), Shards (a few classes per client;
+            shards_per_client). Every client must keep a batch of images (docs/scenarios.md,
+            "Partitions").
     """
 
     root: str | None = None
@@ -280,6 +288,7 @@ class DataConfig:
     scale_range: tuple[float, float] = (0.5, 2.0)
     # str, checked below, not a Literal: jsonargparse's Literal error names no fix
     human_parts_selection: str = "correct"
+    partition: Partitioner = field(default_factory=lambda: lazy_instance(Uniform))
 
     def __post_init__(self) -> None:
         if self.train_size is not None and min(self.train_size) < MIN_TRAIN_SIZE:

@@ -3,11 +3,13 @@
     fedmtl report runs/local runs/fedavg runs/fedhca2                  # markdown table on stdout
     fedmtl report runs/*-s? --baseline runs/local-s0 --format latex    # seeds grouped, LaTeX
     fedmtl report runs/* --format csv --output table.csv --curves curves.png
+    fedmtl report runs/* --partition partition.png   # each client's images per dominant class
 
 What the report reads. A run directory's ``results.json`` (the final metrics of the model the
 method reports, ``"clients"``) is all it needs; ``config.yaml``, when present, gives the seed
 of runs written before results.json recorded it and tells which runs share a config. The
-curves read ``metrics.csv`` (``val/<client>/<task>_<metric>`` every evaluation round).
+curves read ``metrics.csv`` (``val/<client>/<task>_<metric>`` every evaluation round); the
+partition figure reads each client's ``class_histogram`` in results.json.
 
 Rows. Runs whose config differs only in the seed (and in where and how they ran: the fields
 a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method, labelled by
@@ -30,8 +32,8 @@ least two seeds and |mean paired Δm| exceeds the standard deviation of its pair
 seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
 one seed (no spread to compare with); ``baseline`` on the baseline row.
 
-Outputs follow the command line's rule for user files: an existing ``--output`` or
-``--curves`` file is refused unless ``--overwrite true``. Table math (:func:`compute_table`,
+Outputs follow the command line's rule for user files: an existing ``--output``,
+``--curves`` or ``--partition`` file is refused unless ``--overwrite true``. Table math (:func:`compute_table`,
 :func:`delta_m_series`) is pure; loading, rendering and drawing are separate functions, which
 ``notebooks/compare_methods.ipynb`` uses too.
 """
@@ -679,20 +681,102 @@ def _panels(metrics: int):
     return fig, axes[:metrics], axes[metrics]
 
 
+# ---------------------------------------------------------------------------- partitions
+
+
+def partition_of(run: Run) -> dict[str, tuple[str, dict[str, int]]]:
+    """Each client's dataset and images per dominant class, from the run's results.json;
+    raises naming the run when it does not record them."""
+    clients = _read_results(run.path, {})["clients"]
+    missing = [name for name, info in clients.items() if info.get("class_histogram") is None]
+    if missing:
+        raise ValueError(
+            f"{run.path}/results.json records no class_histogram for {_few(missing)} (a run written "
+            "before fedmtl recorded partitions, or data without semseg labels), so --partition cannot "
+            "draw it; leave the run out, or leave --partition out"
+        )
+    return {name: (info["dataset"], dict(info["class_histogram"])) for name, info in clients.items()}
+
+
+def distinct_partitions(runs: Sequence[Run]) -> list[tuple[list[Run], dict[str, tuple[str, dict[str, int]]]]]:
+    """The runs' partitions, each once, with the runs that share it (the methods of one seed)."""
+    out: list[tuple[list[Run], dict[str, tuple[str, dict[str, int]]]]] = []
+    for run in runs:
+        partition = partition_of(run)
+        same = next((entry for entry in out if entry[1] == partition), None)
+        if same is None:
+            out.append(([run], partition))
+        else:
+            same[0].append(run)
+    return out
+
+
+def draw_partition(report: Report):
+    """A matplotlib Figure: per partition (the runs that share one) and dataset, a panel of
+    stacked bars, one bar per client, its images per dominant class."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = [run for method in report.methods for run in method.runs]
+    panels = [
+        (sharing, dataset, {c: h for c, (d, h) in partition.items() if d == dataset})
+        for sharing, partition in distinct_partitions(runs)
+        for dataset in sorted({d for d, _ in partition.values()})
+    ]
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)  # off-screen: no display needed
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (sharing, dataset, histograms) in zip(axes, panels, strict=False):
+        _stacked_bars(ax, histograms)
+        names = ", ".join(run.name for run in sharing[:3]) + (", ..." if len(sharing) > 3 else "")
+        seed = sharing[0].seed
+        ax.set_title(f"{dataset}, seed {_seed_text(seed)} ({names})", fontsize=9)
+    return fig
+
+
+def _stacked_bars(ax, histograms: Mapping[str, Mapping[str, int]]) -> None:
+    """One bar per client, a segment per dominant class (the order of the first client that has it)."""
+    classes = list(dict.fromkeys(c for histogram in histograms.values() for c in histogram))
+    clients = list(histograms)
+    bottom = [0] * len(clients)
+    colours = [f"C{i % 10}" for i in range(len(classes))]
+    for cls, colour in zip(classes, colours, strict=True):
+        heights = [histograms[client].get(cls, 0) for client in clients]
+        ax.bar(range(len(clients)), heights, bottom=bottom, color=colour, label=cls, width=0.7)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_xticks(range(len(clients)), clients, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("training images", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, ncols=2 if len(classes) > 8 else 1, title="dominant class", title_fontsize=6)
+
+
 # ---------------------------------------------------------------------------- writing files
 
 
-def check_outputs(output: str | Path | None, curves: str | Path | None, overwrite: bool) -> None:
-    """Raise unless the table file ``output`` and the figure ``curves`` (either may be None) can
-    be written: a folder that exists, a figure suffix matplotlib writes, two different files,
-    and no existing file unless ``overwrite`` (the command line's rule for a user's files)."""
-    if curves is not None and Path(curves).suffix.lower() not in CURVE_SUFFIXES:
-        raise ValueError(f"--curves {curves}: the file name must end in {' or '.join(CURVE_SUFFIXES)}")
-    if output is not None and curves is not None and Path(output).resolve() == Path(curves).resolve():
-        raise ValueError(f"--output and --curves name the same file, {output}")
-    for option, path in (("--output", output), ("--curves", curves)):
-        if path is None:
-            continue
+def check_outputs(
+    output: str | Path | None, curves: str | Path | None, overwrite: bool, partition: str | Path | None = None
+) -> None:
+    """Raise unless the table file ``output`` and the figures ``curves`` and ``partition`` (any
+    may be None) can be written: a folder that exists, a figure suffix matplotlib writes,
+    different files, and no existing file unless ``overwrite`` (the command line's rule for a
+    user's files)."""
+    files = {"--output": output, "--curves": curves, "--partition": partition}
+    files = {option: path for option, path in files.items() if path is not None}
+    for option in ("--curves", "--partition"):
+        if option in files and Path(files[option]).suffix.lower() not in CURVE_SUFFIXES:
+            raise ValueError(
+                f"{option} {files[option]}: the file name must end in {' or '.join(CURVE_SUFFIXES)}"
+            )
+    seen: dict[Path, str] = {}
+    for option, path in files.items():
+        other = seen.setdefault(Path(path).resolve(), option)
+        if other != option:
+            raise ValueError(f"{other} and {option} name the same file, {path}")
+    for option, path in files.items():
         path = Path(path)
         if path.is_dir():
             raise ValueError(f"{option} {path} is a directory: give a file name")

@@ -20,6 +20,49 @@ def _optimizer(**changes) -> dict:
     return _group(optimizer=changes)
 
 
+def _partition(name: str, **options) -> dict:
+    """The tiny scenario's data with ``data.partition`` NAME(**options)."""
+    return {"data": {**TINY["data"], "partition": {"class_path": name, "init_args": options}}}
+
+
+def _partition_args(name: str, **options: str) -> list[str]:
+    """``--data.partition NAME --data.partition.OPTION VALUE ...``"""
+    return ["--data.partition", name, *(a for k, v in options.items() for a in (f"--data.partition.{k}", v))]
+
+
+# data.partition options: (partition, option, value, YAML changes, command-line overrides, fix)
+PARTITION_REFUSED = [
+    (
+        "Dirichlet",
+        "alpha",
+        0,
+        {},
+        _partition_args("Dirichlet", alpha="0"),
+        "got 0.0 (smaller: more label skew",
+    ),
+    ("Dirichlet", "alpha", "nan", _partition("Dirichlet", alpha=float("nan")), [], "got nan"),
+    ("Dirichlet", "alpha", "inf", _partition("Dirichlet", alpha=float("inf")), [], "got inf"),
+    ("Quantity", "alpha", -1, {}, _partition_args("Quantity", alpha="-1"), "smaller: more uneven sizes"),
+    ("Quantity", "exponent", 0, {}, _partition_args("Quantity", exponent="0"), "larger: more uneven sizes"),
+    (
+        "Quantity",
+        "distribution",
+        "zipf",
+        {},
+        _partition_args("Quantity", distribution="zipf"),
+        "must be dirichlet or power_law, got 'zipf'",
+    ),
+    (
+        "Shards",
+        "shards_per_client",
+        0,
+        {},
+        _partition_args("Shards", shards_per_client="0"),
+        "integer >= 1, got 0",
+    ),
+]
+
+
 # (YAML changes, command-line overrides, the field the error line starts with, a part of the fix)
 REFUSED = {
     "rounds 0": ({}, ["--rounds", "0"], "rounds", "got 0"),
@@ -69,6 +112,10 @@ REFUSED = {
         "data.human_parts_selection",
         "must be correct or public, got 'paper': correct (the default) keeps",
     ),
+    **{
+        f"data.partition.{option} {value} ({name})": (changes, args, f"data.partition.{option}", fix)
+        for name, option, value, changes, args, fix in PARTITION_REFUSED
+    },
     "data.synth num_train 0": (
         {},
         ["--data.synth", '{"nyud": {"num_train": 0}}'],
@@ -259,5 +306,6 @@ def test_fit_help_describes_the_fields(capsys):
         "--data.cache_mib CACHE_MIB MiB of decoded samples (training and validation, before augmentation)",
         "--model.channels_last {true,false} the channels-last memory layout for weights and inputs:",
         "--update_norm_limit UPDATE_NORM_LIMIT a client update that moves a part of its model",
+        "how the clients of a dataset split its training images, by name (--data.partition Dirichlet",
     ]:
         assert described in help_text

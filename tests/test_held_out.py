@@ -135,6 +135,7 @@ def test_held_out_clients_are_reported_apart(runs):
     (name,) = held_out["clients"]
     client = held_out["clients"][name]
     assert client["fine_tune_epochs"] == 1 and client["tasks"] == ["semseg", "depth"]
+    assert client["train_images"] == sum(client["class_histogram"].values()) == 12  # the whole split
     for metrics in client["metrics"].values():
         (value,) = metrics.values()
         assert isinstance(value, float)

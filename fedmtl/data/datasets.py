@@ -76,6 +76,8 @@ class DenseDataset(torch.utils.data.Dataset):
     tasks_available: ClassVar[tuple[str, ...]]
     tree: ClassVar[str]  # expected layout, printed when something is missing
     layout_class: ClassVar[type]  # fedmtl.data.layout class: file names of the dataset
+    semseg_classes: ClassVar[tuple[str, ...]]  # class names by semseg label value
+    semseg_background: ClassVar[int | None]  # the semseg label of the background; None: none
 
     def __init__(
         self,
@@ -149,6 +151,16 @@ class DenseDataset(torch.utils.data.Dataset):
 
     def _load(self, image_id: str) -> Sample:
         raise NotImplementedError
+
+    def semseg_label(self, image_id: str) -> np.ndarray:
+        """The semseg label of an image as integers (255 = ignore): its png alone, decoded."""
+        raise NotImplementedError
+
+    @classmethod
+    def keeps_subset(cls, tasks: Sequence[str]) -> bool:
+        """Whether a dataset of ``tasks`` may keep fewer images than its ``indices`` (then
+        ``len`` of it, not of the indices, is what a client trains on)."""
+        return False
 
     # --- errors and checks
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from fedmtl.data.classes import NYU_CLASSES
 from fedmtl.data.datasets import DATASETS, DatasetSpec, DenseDataset
 from fedmtl.data.layout import NYUD_TREE, NYUDLayout, decode_normals
 from fedmtl.data.transforms import IGNORE, Sample
@@ -33,6 +34,8 @@ class NYUD(DenseDataset):
     tree = NYUD_TREE
 
     layout_class = NYUDLayout
+    semseg_classes = NYU_CLASSES
+    semseg_background = None  # every NYU-40 class is an object or a surface; 0 (unlabelled) is ignored
 
     def _files(self, image_id: str) -> Iterator[tuple[str, tuple[Path, ...]]]:
         layout = self.layout
@@ -46,14 +49,17 @@ class NYUD(DenseDataset):
         for task in self.tasks:
             yield f"{task} label", (label_file[task](image_id),)
 
+    def semseg_label(self, image_id: str) -> np.ndarray:
+        semseg = np.asarray(Image.open(self.layout.semseg(image_id))).astype(np.int64) - 1
+        semseg[semseg == -1] = IGNORE
+        return semseg
+
     def _load(self, image_id: str) -> Sample:
         layout = self.layout
         image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
         sample: Sample = {"image": image}
         if "semseg" in self.tasks:
-            semseg = np.asarray(Image.open(layout.semseg(image_id)), dtype=np.float32) - 1.0
-            semseg[semseg == -1] = IGNORE
-            sample["semseg"] = semseg
+            sample["semseg"] = self.semseg_label(image_id).astype(np.float32)
         if "normals" in self.tasks:
             sample["normals"] = decode_normals(
                 np.asarray(Image.open(layout.normals(image_id)).convert("RGB"))

@@ -61,6 +61,7 @@ from PIL import Image
 from scipy import ndimage
 from skimage.morphology import thin
 
+from fedmtl.data.classes import VOC_CLASSES
 from fedmtl.data.datasets import DATASETS, DatasetSpec, DenseDataset
 from fedmtl.data.layout import (
     PASCAL_CONTEXT_TREE,
@@ -228,6 +229,8 @@ class PascalContext(DenseDataset):
     tasks_available = ("semseg", "human_parts", "sal", "normals", "edge")
     tree = PASCAL_CONTEXT_TREE
     layout_class = PascalContextLayout
+    semseg_classes = VOC_CLASSES
+    semseg_background = 0
 
     def __init__(self, *args, human_parts_selection: str = HUMAN_PARTS_SELECTIONS[0], **kwargs) -> None:
         """The arguments of :class:`~fedmtl.data.datasets.DenseDataset`, and which images a
@@ -247,6 +250,14 @@ class PascalContext(DenseDataset):
             nyu = json.loads(self.layout.json("nyu_classes").read_text())
             context = json.loads(self.layout.json("context_classes").read_text())
             self.normals_classes = normals_valid_classes(nyu, context)
+
+    @classmethod
+    def keeps_subset(cls, tasks: Sequence[str]) -> bool:
+        return tuple(tasks) == ("human_parts",)  # a parts-only client keeps images with a person
+
+    def semseg_label(self, image_id: str) -> np.ndarray:
+        path = next(p for p in self.layout.semseg_candidates(image_id) if p.is_file())
+        return np.asarray(Image.open(path)).astype(np.int64)
 
     def _has_person(self, image_id: str) -> bool:
         return has_person(self.layout.human_parts(image_id))
@@ -308,8 +319,7 @@ class PascalContext(DenseDataset):
         if "normals" in self.tasks or "edge" in self.tasks:
             label_map = read_label_map(layout.label_map(image_id))
         if "semseg" in self.tasks:
-            path = next(p for p in layout.semseg_candidates(image_id) if p.is_file())
-            sample["semseg"] = np.asarray(Image.open(path), dtype=np.float32)
+            sample["semseg"] = self.semseg_label(image_id).astype(np.float32)
         if "human_parts" in self.tasks:
             path = layout.human_parts(image_id)
             sample["human_parts"] = human_parts_label(read_part_annotations(path), shape, path)

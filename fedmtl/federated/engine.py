@@ -61,7 +61,7 @@ from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
 from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
-from fedmtl.federated.scenario import build_scenario
+from fedmtl.federated.scenario import TrainedImages, build_scenario, class_histograms
 from fedmtl.federated.sharding import assign_clients
 from fedmtl.federated.store import ClientState, ClientStore, atomic_write_text
 from fedmtl.federated.training import (
@@ -133,6 +133,9 @@ class Simulation:
         # The models a method evaluates, its paper's one first (e.g. Ditto: personal, global).
         self.labels = [self.method.evaluated, *getattr(self.method, "also_evaluated", ())]
         self.history: list[dict[str, Any]] = []
+        # Computed for results.json (rank 0), federated then held-out clients.
+        self._histograms: list[dict[str, int] | None] | None = None
+        self._train_images: list[int] = []
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and interactive()
 
@@ -941,6 +944,9 @@ class Simulation:
                 "clients": clients,
                 "tasks": evaluation.task_summary(results.get(held_out.LABEL, {}), self._datasets_of),
             }
+        self._record_partition(
+            summary["clients"], *([summary["held_out"]["clients"]] if self.held_out else [])
+        )
         # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
         nonfinite = {
             label: [c for c, tasks in results[label].items() if any(math.isnan(v) for v in tasks.values())]
@@ -950,6 +956,25 @@ class Simulation:
         if any(nonfinite.values()):
             summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
         return summary
+
+    def _record_partition(self, *tables: dict[str, Any]) -> None:
+        """Each client's ``train_images`` (the images it trains on) and ``class_histogram``
+        (those images per dominant class), into its entry of ``tables`` (the federation's
+        clients, and the held-out ones). The histograms read every training label once; only
+        rank 0, which writes results.json, computes them."""
+        if self.fabric.global_rank != 0:
+            return
+        specs = [*self.specs, *self.held_out]
+        if self._histograms is None:
+            trained = TrainedImages(self.cfg)
+            self._histograms = class_histograms(self.cfg, specs)
+            self._train_images = [c.num_samples for c in self.clients] + [
+                len(trained(s.dataset, s.tasks, s.train_indices)) for s in self.held_out
+            ]
+        for spec, count, histogram in zip(specs, self._train_images, self._histograms, strict=True):
+            table = next(t for t in tables if spec.name in t)
+            table[spec.name]["train_images"] = count
+            table[spec.name]["class_histogram"] = histogram
 
     def _unified(self, clients: dict[str, Any]) -> dict[str, Any]:
         """The unified model's metric per task (``dataset/task``), for a method that shares

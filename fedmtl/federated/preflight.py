@@ -55,9 +55,10 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
-    """The clients build (tasks, data splits, partitions), every split they use is readable and
-    not empty, and every client architecture runs at the training size (held-out clients too);
-    returns the federation's clients."""
+    """The clients build (tasks, data splits, partitions, a batch for every client: see
+    ``build_scenario``), every split they use is readable and not empty, and every client
+    architecture runs at the training size (held-out clients too); returns the federation's
+    clients."""
     federated, held_out = build_scenario(cfg)
     specs = [*federated, *held_out]
     root = cfg.data.resolved_root()
@@ -70,13 +71,6 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
         if not read_split(val):
             raise ValueError(
                 f"{name} validation split {val} lists no image: every client is evaluated on it; {check_hint(root)}"
-            )
-    for spec in specs:
-        if len(spec.train_indices) < spec.batch_size:
-            raise ValueError(
-                f"client {spec.name} has {len(spec.train_indices)} training images, fewer than its batch size "
-                f"{spec.batch_size}: it would never take a step (training loaders drop the last incomplete "
-                "batch, as the public code does); lower clients[].batch_size or use fewer clients"
             )
     size = cfg.data.train_size
     state_bytes = {}

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from fedmtl.config import ClientGroup, RunConfig
 from fedmtl.data.check import check_hint
-from fedmtl.data.datasets import DATASETS, one_line
+from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset, one_line
+from fedmtl.data.dominant import class_histogram, dominant_classes
 from fedmtl.data.layout import read_split
-from fedmtl.data.partition import partition_clients
+from fedmtl.data.partition import MAX_DRAWS, partition_clients
 from fedmtl.federated.client import ClientSpec
 from fedmtl.seeds import derive_seed
 from fedmtl.tasks import check_tasks
@@ -56,6 +58,49 @@ def drawn_tasks(tasks: tuple[str, ...], k: int, seed: int, group: int, replica: 
     return tuple(tasks[i] for i in sorted(chosen))
 
 
+class TrainedImages:
+    """The images a client trains on, of its training indices: all of them, except where its
+    dataset keeps a subset for its tasks (a human_parts-only client on PASCAL-Context keeps
+    the images showing a person, as ``data.human_parts_selection`` says). Such a dataset is
+    read once per (dataset, tasks); its subsets cost only what they select."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self._datasets: dict[tuple[str, tuple[str, ...]], DenseDataset] = {}
+
+    def __call__(self, dataset: str, tasks: tuple[str, ...], indices: Sequence[int]) -> list[int]:
+        if not DATASETS.get(dataset).dataset_class.keeps_subset(tasks):
+            return list(indices)
+        key = (dataset, tasks)
+        if key not in self._datasets:
+            root = self.cfg.data.resolved_root()
+            try:
+                self._datasets[key] = build_dataset(
+                    dataset, root, "train", tasks=tasks, indices=[],
+                    human_parts_selection=self.cfg.data.human_parts_selection,
+                )  # fmt: skip
+            except FileNotFoundError as err:  # a file of the split is missing (named)
+                raise FileNotFoundError(f"{err}; {check_hint(root)}") from None
+        return self._datasets[key].subset(indices, seed=0).split_indices
+
+
+def too_small_error(cfg: RunConfig, name: str, assigned: int, trained: int, batch_size: int) -> str:
+    """The error of a client left with fewer images than its batch size."""
+    partitioner = cfg.data.partition
+    shown = f"{trained} training images" + (
+        f" (of its {assigned}, the ones its tasks have labels for)" if trained != assigned else ""
+    )
+    drawn = (
+        f" in each of {MAX_DRAWS} draws of data.partition {type(partitioner).__name__}"
+        if partitioner.random_sizes
+        else ""
+    )
+    return (
+        f"client {name} has {shown}, fewer than its batch size {batch_size}{drawn}: it would never take a "
+        f"step (training loaders drop the last incomplete batch, as the public code does); {partitioner.fix()}"
+    )
+
+
 def build_clients(cfg: RunConfig) -> list[ClientSpec]:
     """The federation's clients (:func:`build_scenario`, without the held-out ones)."""
     return build_scenario(cfg)[0]
@@ -70,10 +115,10 @@ def build_scenario(cfg: RunConfig) -> tuple[list[ClientSpec], list[ClientSpec]]:
     """The federation's clients and the held-out ones: one client per task of a single-task
     group, one per multi-task group, times replicas.
 
-    The training set of a dataset is split at random into equal parts among its clients
-    (single-task and multi-task clients of a dataset each split it, as the public code does;
-    held-out clients split it among themselves, so they leave the federation's parts as they
-    are).
+    The training set of a dataset is split among its clients by ``data.partition`` (single-task
+    and multi-task clients of a dataset each split it, as the public code does; held-out clients
+    split it among themselves, so they leave the federation's parts as they are); every client
+    must keep at least one batch of images it trains on, or a ValueError names it and the fix.
     """
     if not cfg.clients:
         raise ValueError("clients: the scenario needs at least one client group")
@@ -105,12 +150,29 @@ def build_scenario(cfg: RunConfig) -> tuple[list[ClientSpec], list[ClientSpec]]:
         if names.count(name) > 1:
             names[i] = f"{name}-g{entries[i][3]}"
     sizes = {d: train_split_size(cfg, d) for d in sorted({e[1] for e in entries})}
+    partitioner = cfg.data.partition
+    root = cfg.data.resolved_root()
+    labels = {d: dominant_classes(d, root) for d in sizes} if partitioner.uses_labels else None
+    trained = TrainedImages(cfg)
+
+    def too_small(client: int, part: list[int]) -> bool:
+        _, dataset, tasks, g = entries[client]
+        return len(trained(dataset, tasks, part)) < cfg.clients[g].batch_size
+
     parts = partition_clients(
         [e[1] for e in entries],
         sizes,
         seed=cfg.seed,
         groups=[_partition_group(cfg.clients[e[3]]) for e in entries],
+        partitioner=partitioner,
+        labels=labels,
+        too_small=too_small,
     )
+    for client, part in enumerate(parts):
+        if too_small(client, part):
+            _, dataset, tasks, g = entries[client]
+            kept = len(trained(dataset, tasks, part))
+            raise ValueError(too_small_error(cfg, names[client], len(part), kept, cfg.clients[g].batch_size))
     specs = [
         ClientSpec(
             name=name,
@@ -143,3 +205,22 @@ def _partition_group(group: ClientGroup) -> str:
     """Which clients of a dataset split its training set together (partition_clients' groups)."""
     kind = "st" if group.single_task else "mt"
     return f"held_out/{kind}" if group.held_out else kind
+
+
+def class_histograms(cfg: RunConfig, specs: Sequence[ClientSpec]) -> list[dict[str, int] | None]:
+    """Each client's images per dominant class (results.json's ``class_histogram``), counting
+    the images it trains on; None for a client whose dataset's semseg labels cannot be read
+    (a dataset on disk without them): the run's results do not depend on it."""
+    root = cfg.data.resolved_root()
+    trained = TrainedImages(cfg)
+    out: list[dict[str, int] | None] = []
+    for spec in specs:
+        try:
+            classes = dominant_classes(spec.dataset, root)[
+                trained(spec.dataset, spec.tasks, spec.train_indices)
+            ]
+        except (OSError, ValueError):  # a missing or unreadable label file
+            out.append(None)
+            continue
+        out.append(class_histogram(spec.dataset, classes))
+    return out

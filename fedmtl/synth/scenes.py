@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedmtl.data.classes import NYU_CLASSES, VOC_CLASSES
 from fedmtl.synth.render import (
     Box,
     Camera,
@@ -37,20 +38,6 @@ from fedmtl.synth.render import (
 
 Rng = np.random.Generator
 Colour = tuple[float, float, float]
-
-VOC_CLASSES = (
-    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
-)  # fmt: skip
-
-# NYU-40, spelled as released; a class's label is its index (the png stores label + 1)
-NYU_CLASSES = (
-    "wall", "floor", "cabinet", "bed", "chair", "sofa", "table", "door", "window", "bookshelf", "picture",
-    "counter", "blinds", "desk", "shelves", "curtain", "dresser", "pillow", "mirror", "floor mat", "clothes",
-    "ceiling", "books", "refridgerator", "television", "paper", "towel", "shower curtain", "box", "whiteboard",
-    "person", "night stand", "toilet", "sink", "lamp", "bathtub", "bag", "otherstructure", "otherfurniture",
-    "otherprop",
-)  # fmt: skip
 
 # PASCAL-Context classes used by the generated LabelMaps. The ones NYU also has (wall, floor,
 # chair, table, sofa, person, ...) plus tvmonitor are where the distilled normals are valid.

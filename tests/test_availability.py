@@ -270,3 +270,19 @@ def test_the_progress_line_names_unavailable_clients_and_stragglers_only_when_th
     assert "unavailable: 2" in line and "stragglers" not in line
     line = progress_line(2, 5, {"server/unavailable": 0.0, "server/stragglers": 1.0, "time/train": 1.0})
     assert "stragglers: 1" in line and "unavailable" not in line
+
+
+def test_fedbabus_fine_tuning_after_the_last_round_is_never_cut_short(tmp_path, data_root, monkeypatch):
+    from fedmtl.federated.training import LocalTrainer
+
+    calls: list[tuple[bool, float]] = []
+    train = LocalTrainer.train
+
+    def recording(self, module, client, dataset, track, **kwargs):
+        calls.append((kwargs.get("fine_tune") is not None, kwargs.get("work", 1.0)))
+        return train(self, module, client, dataset, track, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "train", recording)
+    slow = AvailabilityConfig(stragglers=1.0, straggler_work=0.5)
+    fit(_scenario(tmp_path, data_root, "FedBABU", slow, 1), tmp_path / "run")
+    assert sorted(set(calls)) == [(False, 0.5), (True, 1.0)]

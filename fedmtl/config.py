@@ -372,6 +372,53 @@ class LoggerConfig:
     name: str | None = None
 
 
+@dataclass
+class AvailabilityConfig:
+    """Clients that miss rounds or finish only part of their local work, drawn per client and
+    round from the run's seed (the same draw on any number of devices and on resume).
+
+    Attributes:
+        dropout: probability that a client that would train in a round (all of them, or the
+            method's sample under participation < 1) is unavailable: it does not train, sends
+            nothing and receives nothing, and keeps its state, as a client whose update
+            nonfinite dropped (a method that mixes every client, FedHCA² or FedAMP, sees its
+            round-start parameters with a zero update). In [0, 1); 0: always available.
+        stragglers: probability that an available training client straggles in a round, each
+            client drawn on its own: it trains only straggler_work of every local epoch. In
+            [0, 1]; 0: none, 1: every training client.
+        straggler_work: the part of each local epoch a straggler trains: ceil(straggler_work x
+            the epoch's batches), at least one batch; the epoch still counts for the schedule.
+            In (0, 1].
+    """
+
+    dropout: float = 0.0
+    stragglers: float = 0.0
+    straggler_work: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.dropout) and 0 <= self.dropout < 1):
+            raise ValueError(
+                f"availability.dropout must be in [0, 1), got {self.dropout!r}: the probability that a "
+                "training client misses a round (0: every client is always available; below 1, so a "
+                "round can have clients)"
+            )
+        if not (math.isfinite(self.stragglers) and 0 <= self.stragglers <= 1):
+            raise ValueError(
+                f"availability.stragglers must be in [0, 1], got {self.stragglers!r}: the probability "
+                "that an available training client straggles in a round (0: none, 1: every one)"
+            )
+        if not (math.isfinite(self.straggler_work) and 0 < self.straggler_work <= 1):
+            raise ValueError(
+                f"availability.straggler_work must be in (0, 1], got {self.straggler_work!r}: the part of "
+                "each local epoch a straggler trains (1: the whole epoch)"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any client can be unavailable or straggle (off: the run is exactly as without)."""
+        return self.dropout > 0 or self.stragglers > 0
+
+
 AGGREGATIONS = ("auto", "stacked", "streamed")
 
 
@@ -387,6 +434,8 @@ class RunConfig:
         data: where the datasets are and how they are loaded.
         evaluation: when and how the clients are evaluated.
         logger: where the metrics go.
+        availability: clients that miss rounds (dropout) or finish only part of their local
+            work (stragglers); by default every client is always available and does all its work.
         rounds: federated rounds (at least 1).
         accelerator: cpu, gpu (= cuda), mps or auto.
         devices: processes per node; the clients are sharded across them.
@@ -426,6 +475,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
     rounds: int = 100
     accelerator: str = "auto"
     devices: int = 1

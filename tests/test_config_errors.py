@@ -125,6 +125,42 @@ REFUSED = {
     "data.synth num_val 0": ({}, ["--data.synth", '{"nyud": {"num_val": 0}}'], "data.synth.nyud.num_val", ""),
     "data.synth size 8x96": ({}, ["--data.synth", '{"nyud": {"size": [8, 96]}}'], "data.synth.nyud.size", ""),
     "data.synth seed -1": ({}, ["--data.synth", '{"nyud": {"seed": -1}}'], "data.synth.nyud.seed", ""),
+    "availability.dropout 1": (
+        {},
+        ["--availability.dropout", "1"],
+        "availability.dropout",
+        "[0, 1), got 1.0",
+    ),
+    "availability.dropout -0.1": (
+        {},
+        ["--availability.dropout", "-0.1"],
+        "availability.dropout",
+        "0: every client is always available",
+    ),
+    "availability.dropout nan": (
+        {"availability": {"dropout": float("nan")}},
+        [],
+        "availability.dropout",
+        "got nan",
+    ),
+    "availability.stragglers 1.5": (
+        {},
+        ["--availability.stragglers", "1.5"],
+        "availability.stragglers",
+        "[0, 1], got 1.5: the probability",
+    ),
+    "availability.straggler_work 0": (
+        {},
+        ["--availability.straggler_work", "0"],
+        "availability.straggler_work",
+        "(0, 1], got 0.0: the part of each local epoch",
+    ),
+    "availability.straggler_work 1.5": (
+        {},
+        ["--availability.straggler_work", "1.5"],
+        "availability.straggler_work",
+        "1: the whole epoch",
+    ),
     "clients[].tasks []": (_group(tasks=[]), [], "clients[].tasks", "'nyud' client group"),
     "clients[].replicas 0": (_group(replicas=0), [], "clients[].replicas", "'nyud' client group"),
     "clients[].local_epochs 0": (_group(local_epochs=0), [], "clients[].local_epochs", "'nyud' client group"),
@@ -259,7 +295,8 @@ def test_the_boundary_values_are_accepted(tmp_path, data_root):
             *("--rounds", "1", "--evaluation.every", "0", "--evaluation.batch_size", "1"),
             *("--checkpoint_every", "0", "--cpu_threads", "null", "--seed", str(2**32 - 1)),
             *("--data.train_size", "[32, 32]", "--data.num_workers", "0", "--model.embed_dim", "1"),
-            *("--data.cache_mib", "0"),
+            *("--data.cache_mib", "0", "--availability.dropout", "0", "--availability.stragglers", "1"),
+            *("--availability.straggler_work", "1"),
             *("--data.synth", '{"nyud": {"num_train": 1, "num_val": 1, "size": [16, 16], "seed": 0}}'),
             *("--algorithm", "FedHCA2", "--algorithm.alpha_init", "0", "--algorithm.beta_init", "1"),
             *("--algorithm.c", "0", "--algorithm.hyper_momentum", "0", "--algorithm.hyper_weight_decay", "0"),
@@ -271,6 +308,11 @@ def test_the_boundary_values_are_accepted(tmp_path, data_root):
     assert (cfg.evaluation.every, cfg.checkpoint_every, cfg.cpu_threads) == (0, 0, None)
     assert cfg.clients[1].optimizer.min_lr == cfg.clients[1].optimizer.lr
     assert (cfg.algorithm.alpha_init, cfg.algorithm.beta_init) == (0.0, 1.0)
+    assert (cfg.availability.dropout, cfg.availability.stragglers, cfg.availability.straggler_work) == (
+        0,
+        1,
+        1,
+    )
 
 
 @pytest.mark.parametrize("name", ["scenario1.yaml", "scenario2.yaml", "demo.yaml"])
@@ -307,5 +349,8 @@ def test_fit_help_describes_the_fields(capsys):
         "--model.channels_last {true,false} the channels-last memory layout for weights and inputs:",
         "--update_norm_limit UPDATE_NORM_LIMIT a client update that moves a part of its model",
         "how the clients of a dataset split its training images, by name (--data.partition Dirichlet",
+        "--availability.dropout DROPOUT probability that a client that would train in a round",
+        "--availability.stragglers STRAGGLERS probability that an available training client straggles",
+        "--availability.straggler_work STRAGGLER_WORK the part of each local epoch a straggler trains:",
     ]:
         assert described in help_text

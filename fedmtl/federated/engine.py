@@ -25,6 +25,7 @@ the number of devices.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -55,7 +56,7 @@ from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.config import RunConfig
 from fedmtl.data.cache import MIB, SampleCache
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset
-from fedmtl.federated import checkpoint, evaluation, health, held_out, pools, stopping
+from fedmtl.federated import availability, checkpoint, evaluation, health, held_out, pools, stopping
 from fedmtl.federated import rows as row_files
 from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.health import RunStopped, all_finite, nonfinite_pools
@@ -232,8 +233,9 @@ class Simulation:
         module.model.load_state_dict(state["model"])
         return module, state
 
-    def _context(self, i: int, module: ClientModule, state: ClientState) -> ClientContext:
-        """What the method's client hooks see of client ``i`` (``train`` runs its tracks)."""
+    def _context(self, i: int, module: ClientModule, state: ClientState, work: float = 1.0) -> ClientContext:
+        """What the method's client hooks see of client ``i`` (``train`` runs its tracks, each
+        local epoch cut to ``work`` of its batches: a straggler's round)."""
         return ClientContext(
             index=i,
             client=self.clients[i],
@@ -246,7 +248,7 @@ class Simulation:
             encoder_layout=self.enc_layout,
             decoder_layout=self.dec_layout,
             seed=self.cfg.seed,
-            train=functools.partial(self.trainer.train, module, i, self._train_data.get(i)),
+            train=functools.partial(self.trainer.train, module, i, self._train_data.get(i), work=work),
         )
 
     def _loader(self, dataset: DenseDataset, batch_size: int, shuffle_seed: int | None) -> DataLoader:
@@ -284,8 +286,11 @@ class Simulation:
         ]
         return RoundPools(encoders, pool(self.dec_layout, self.owners, pools.decoder_part), heads)
 
-    def _train_client(self, i: int, rows: RoundPools, takes_part: bool) -> tuple[torch.Tensor, int, float]:
-        """Local training of client ``i`` (the method's ``local_update``): writes its rows of
+    def _train_client(
+        self, i: int, rows: RoundPools, takes_part: bool, work: float = 1.0
+    ) -> tuple[torch.Tensor, int, float]:
+        """Local training of client ``i`` (the method's ``local_update``, ``work`` of each local
+        epoch: ``availability.straggler_work`` for a straggler, else 1): writes its rows of
         parameters before training and of deltas (a streamed round: its encoder row files);
         returns its mean losses [LOSS_COLUMNS], the :mod:`~fedmtl.federated.health` mask of what
         diverged (NaN/inf, or an exploding update: beyond ``update_norm_limit``) and the largest
@@ -306,7 +311,7 @@ class Simulation:
         heads_before = [self._head_vector(module, t) for t in spec.tasks] if limit is not None else []
         # The memory store hands out the stored state itself, which training changes in place.
         kept = to_host(state) if self.store.kind == "memory" else None
-        losses = self.method.local_update(self._context(i, module, state))
+        losses = self.method.local_update(self._context(i, module, state, work))
         module.model.load_state_dict(state["model"])  # the federated track (a method may train others)
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
         grown = 0.0
@@ -371,9 +376,13 @@ class Simulation:
         """A task head's parameters as one flat copy (heads are small)."""
         return torch.cat([p.detach().flatten().float() for p in module.model.heads[task].parameters()])
 
-    def _train_round(self, participants: list[int] | None) -> tuple[RoundPools, torch.Tensor, torch.Tensor]:
-        """This rank's clients trained: their rows, losses [N, LOSS_COLUMNS] and divergence
-        [N, 2]: each client's health mask and largest growth (zero for other ranks' clients)."""
+    def _train_round(
+        self, participants: list[int] | None, stragglers: tuple[int, ...] = ()
+    ) -> tuple[RoundPools, torch.Tensor, torch.Tensor]:
+        """This rank's clients trained (``participants``; None: all; ``stragglers`` do
+        ``availability.straggler_work`` of each epoch): their rows, losses [N, LOSS_COLUMNS]
+        and divergence [N, 2]: each client's health mask and largest growth (zero for other
+        ranks' clients)."""
         rows = self._round_pools()
         if self.streamed:
             names = self.method.encoder_rows(self.round)
@@ -382,8 +391,10 @@ class Simulation:
         bad = torch.zeros(len(self.specs), 2, dtype=torch.float64)
         taking_part = set(range(len(self.specs)) if participants is None else participants)
         bar = tqdm(self.mine, desc=f"round {self.round} clients", leave=False, disable=not self._bars)
+        work, slow = self.cfg.availability.straggler_work, set(stragglers)
         for i in bar:
-            losses[i], mask, grown = self._train_client(i, rows, i in taking_part)
+            share = work if i in slow else 1.0
+            losses[i], mask, grown = self._train_client(i, rows, i in taking_part, share)
             bad[i] = torch.tensor([mask, grown], dtype=torch.float64)
         return rows, losses, bad
 
@@ -765,23 +776,31 @@ class Simulation:
         the last) → evaluate (on evaluation rounds). Returns the scalars to log and the
         evaluation results (None when not evaluated this round)."""
         times: dict[str, float] = {}
-        participants = self.method.participants(self.round)
+        # Drawn for every client on every rank from the seed: the same everywhere, no exchange.
+        drawn = availability.draw(
+            self.cfg.availability,
+            self.cfg.seed,
+            self.round,
+            len(self.specs),
+            self.method.participants(self.round),
+        )
         with timed(times, "train"), self._phase():  # a stop request or a failed write ends the round here
-            rows, losses, bad = self._train_round(participants)
+            rows, losses, bad = self._train_round(drawn.training, drawn.stragglers)
         with timed(times, "exchange"):
-            losses, dropped, participants = self._settle(losses, bad, participants)
-            inputs = self._exchange(rows, participants)
-        with timed(times, "aggregate"):
-            output = self._aggregate(inputs)
-            output.check_against(inputs)
-            self._check_output(output)
-        with timed(times, "write_back"), self._phase(stop=False):  # a stop request waits for the round's end
-            self._write_back(output, skip=dropped)
-        del rows, inputs, output
+            losses, dropped, participants = self._settle(losses, bad, drawn.training)
+            inputs = self._exchange(rows, participants) if participants != [] else None
+        if inputs is None:  # every client that would train is unavailable
+            self._skip_server_step(drawn.unavailable)
+        else:  # unavailable clients, like dropped updates, receive nothing and keep their state
+            self._server_step(inputs, [*dropped, *drawn.unavailable], times)
+        del rows, inputs
         if self.round == self.cfg.rounds and self.method.finishes:
             with timed(times, "finish"), self._phase():
                 self._finish_clients()
         values = self._training_values(losses, participants, dropped)
+        if self.cfg.availability.enabled:
+            values["server/unavailable"] = float(len(drawn.unavailable))
+            values["server/stragglers"] = float(len(drawn.stragglers))
         results = None
         every = self.cfg.evaluation.every
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
@@ -795,6 +814,28 @@ class Simulation:
         values |= {f"server/{k}": v for k, v in self.method.log_values().items()}
         values |= {f"time/{k}": v for k, v in times.items()}
         return values, results
+
+    def _server_step(self, inputs: RoundInput, skip: list[int], times: dict[str, float]) -> None:
+        """Aggregate the round's rows and hand the result to this rank's clients, but ``skip``."""
+        with timed(times, "aggregate"):
+            output = self._aggregate(inputs)
+            output.check_against(inputs)
+            self._check_output(output)
+        with timed(times, "write_back"), self._phase(stop=False):  # a stop request waits for the round's end
+            self._write_back(output, skip=skip)
+
+    def _skip_server_step(self, unavailable: tuple[int, ...]) -> None:
+        """A round in which no client trained (all unavailable): no server step, every client
+        keeps its state; the method is told (:meth:`~fedmtl.methods.base.Method.skip_round`)."""
+        self.method.skip_round(self.round)
+        if self.fabric.global_rank == 0:
+            print(
+                f"warning: round {self.round}: all {len(unavailable)} clients that would train are unavailable "
+                f"(availability.dropout {self.cfg.availability.dropout}); the round has no server step and "
+                "every client keeps its state (counted in metrics.csv as server/unavailable)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _settle(
         self, losses: torch.Tensor, bad: torch.Tensor, participants: list[int] | None
@@ -879,6 +920,14 @@ class Simulation:
     def _rounds(self, first: int) -> dict[str, Any]:
         cfg = self.cfg
         is_zero = self.fabric.global_rank == 0
+        if is_zero and cfg.availability.dropout > 0 and self.method.needs_every_client:
+            print(
+                f"note: availability.dropout {cfg.availability.dropout}: {type(self.method).__name__} mixes every "
+                "client's update in every round, so an unavailable client enters its server step as a dropped "
+                "update does (its round-start parameters, a zero update) and receives nothing",
+                file=sys.stderr,
+                flush=True,
+            )
         rounds = tqdm(
             range(first, cfg.rounds + 1),
             desc="rounds",
@@ -932,6 +981,8 @@ class Simulation:
             # Per dataset and task, across clients: mean, standard deviation, clients counted
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), self._datasets_of),
         }
+        if self.cfg.availability.enabled:
+            summary["availability"] = self._availability_totals(rounds)
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
         if self.head_groups:
@@ -975,6 +1026,13 @@ class Simulation:
             table = next(t for t in tables if spec.name in t)
             table[spec.name]["train_images"] = count
             table[spec.name]["class_histogram"] = histogram
+
+    def _availability_totals(self, rounds: int) -> dict[str, Any]:
+        """The run's availability settings and its unavailable and straggling client-rounds over
+        rounds 1..``rounds``, drawn again from the seed (a resumed run counts every round)."""
+        config = self.cfg.availability
+        counts = availability.totals(config, self.cfg.seed, rounds, len(self.specs), self.method.participants)
+        return {**dataclasses.asdict(config), **counts}
 
     def _unified(self, clients: dict[str, Any]) -> dict[str, Any]:
         """The unified model's metric per task (``dataset/task``), for a method that shares
@@ -1032,6 +1090,9 @@ def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
         parts.append("val: " + _listed(metrics, summarise))
     if values.get("server/dropped_updates"):
         parts.append(f"dropped updates: {int(values['server/dropped_updates'])}")
+    for key, what in [("server/unavailable", "unavailable"), ("server/stragglers", "stragglers")]:
+        if values.get(key):
+            parts.append(f"{what}: {int(values[key])}")
     parts.append(
         "time: " + ", ".join(f"{k[5:]} {v:.1f}s" for k, v in values.items() if k.startswith("time/"))
     )

@@ -13,6 +13,7 @@ freezes the encoder keeps the encoder's AdamW moments untouched for later.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from fedmtl.config import OptimizerConfig
 from fedmtl.data.datasets import DenseDataset
+from fedmtl.federated.availability import batches_done
 from fedmtl.federated.client import ClientModule, end_epoch, make_optimizer
 from fedmtl.methods.base import Penalty, Track
 from fedmtl.seeds import derive_seed
@@ -98,6 +100,7 @@ class LocalTrainer:
         epochs: int | None = None,
         order: str = "order",
         fine_tune: OptimizerConfig | None = None,
+        work: float = 1.0,
     ) -> torch.Tensor:
         """Load ``track`` into ``module``, train it, write it back; return the mean losses
         [LOSS_COLUMNS] (per task, the penalty, the total) over the steps.
@@ -111,6 +114,9 @@ class LocalTrainer:
             fine_tune: a fresh AdamW at this config's lr and weight decay with a constant
                 rate, whose state is not kept (FedBABU's fine-tuning); default: the track's
                 own optimiser and schedule, continued.
+            work: the part of each epoch trained, (0, 1]: a straggler's epoch stops after
+                ceil(work x its batches) batches (``availability.straggler_work``) and still
+                counts as an epoch (``epochs_done``, the schedule). 1: every batch.
         """
         spec = module.spec
         epochs = spec.local_epochs if epochs is None else epochs
@@ -141,7 +147,9 @@ class LocalTrainer:
                 dataset.set_epoch(epoch)
                 torch.manual_seed(derive_seed(self.seed, "train", client, epoch))
                 loader = self.loader(dataset, spec.batch_size, derive_seed(self.seed, order, client, epoch))
-                for batch in self.batches(loader):
+                # islice stops before fetching a batch past the straggler's share (None: all).
+                limit = batches_done(len(loader), work) if work < 1 else None
+                for batch in itertools.islice(self.batches(loader), limit):
                     with self.fabric.autocast():
                         losses = module.training_step(batch)
                     total = losses["total"]

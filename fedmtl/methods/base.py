@@ -97,8 +97,10 @@ class ClientContext:
     loads ``track`` into ``model``, trains it for ``epochs`` (default the client's local
     epochs) and writes the result back into ``track``; it returns the mean losses.
     ``fine_tune`` (an OptimizerConfig) trains with a fresh AdamW at a constant rate whose
-    state is not kept (FedBABU's fine-tuning). See
-    :meth:`fedmtl.federated.training.LocalTrainer.train`.
+    state is not kept (FedBABU's fine-tuning). In a round where the client straggles
+    (``availability.stragglers``) ``train`` is bound to its part of the work, so every track a
+    method trains (Ditto's two) stops early alike; in :meth:`Method.finish` it is never cut
+    short. See :meth:`fedmtl.federated.training.LocalTrainer.train`.
     """
 
     index: int
@@ -182,6 +184,19 @@ class Method(Aggregator):
     #: current parameters, zero delta): FedAMP mixes every client's last weights. Otherwise
     #: only the clients that trained have rows.
     reads_every_client: bool = False
+
+    @property
+    def needs_every_client(self) -> bool:
+        """Whether the server step mixes every client's rows in every round (FedHCA², FedAMP):
+        a client that does not train (unavailable, ``availability.dropout``, or its update
+        dropped) still enters it with its round-start parameters and a zero update. Default:
+        :attr:`reads_every_client`."""
+        return self.reads_every_client
+
+    def skip_round(self, round_: int) -> None:
+        """Round ``round_`` has no server step: every client that would have trained was
+        unavailable (``availability.dropout``). Called on every rank instead of ``aggregate``;
+        a method whose server state counts rounds moves on. Default: nothing."""
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         """The rows of each client's encoder the streamed step of round ``round_`` reads, by

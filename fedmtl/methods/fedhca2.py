@@ -170,7 +170,7 @@ class FedHCA2(Method):
         return frozenset(part for part, mode in modes.items() if mode != "none")
 
     def _reset(self) -> None:
-        self._round = 0  # the last round aggregated; 0 before the first
+        self._round = 0  # the last round aggregated or skipped (skip_round); 0 before the first
         self._clients: list[str] = []  # names, for log_values and the consistency check
         self._owners: list[tuple[int, str]] = []
         self._layers: list[str] = []
@@ -185,7 +185,7 @@ class FedHCA2(Method):
     @torch.no_grad()
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
         self._check_round(inputs)
-        if self._round == 0:
+        if not self._clients:
             self._start(inputs)
         # Each part first steps its hyper weights with this round's deltas and last round's
         # Ũ or A (from round 2 on), then applies them.
@@ -198,13 +198,21 @@ class FedHCA2(Method):
 
     streams = True
 
+    #: The conflict-averse solve and the cross-attention mix every client's update each round.
+    needs_every_client = True
+
+    def skip_round(self, round_: int) -> None:
+        """No client trained: α, β, Ũ and A wait for the next round that has updates, which
+        then follows this one."""
+        self._round = round_
+
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return {"none": (), "fedavg": ("trained",), "conflict_averse": ("delta",)}[self.encoder]
 
     @torch.no_grad()
     def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         self._check_round(inputs)
-        if self._round == 0:
+        if not self._clients:
             self._start(inputs)
         n, numel = inputs.num_clients, inputs.encoder_layout.numel
         if self.encoder == "none":
@@ -306,10 +314,11 @@ class FedHCA2(Method):
     # ------------------------------------------------------------------ state
 
     def _check_round(self, inputs: RoundInput) -> None:
-        if self._round == 0:
-            if inputs.round != 1:
+        if not self._clients:  # no aggregation yet (rounds before may have been skipped)
+            if inputs.round != self._round + 1:
                 raise ValueError(
-                    f"FedHCA2 has no server state but got round {inputs.round}: start at round 1, "
+                    f"FedHCA2 has no server state but got round {inputs.round}: start at round "
+                    f"{self._round + 1}, "
                     "or load_state_dict the checkpoint of round "
                     f"{inputs.round - 1} first"
                 )
@@ -400,7 +409,7 @@ class FedHCA2(Method):
             )
         self._reset()
         self._round = int(state["round"])
-        if self._round == 0:
+        if not state["clients"]:  # no aggregation yet (round 0, or only skipped rounds)
             return
         for key, used in [
             ("alpha", self.encoder == "conflict_averse"),

@@ -48,6 +48,7 @@ from fedmtl.aggregation import (
     HeadGroup,
     RoundInput,
     RoundOutput,
+    communication,
     decoder_owners_of,
     head_groups_of,
 )
@@ -127,6 +128,10 @@ class Simulation:
         # The models a method evaluates, its paper's one first (e.g. Ditto: personal, global).
         self.labels = [self.method.evaluated, *getattr(self.method, "also_evaluated", ())]
         self.history: list[dict[str, Any]] = []
+        # Bytes each client sent and received so far, by pool, and the rounds they cover (a
+        # checkpoint keeps them: dropped updates make the cost depend on the run, not the config).
+        self.traffic: communication.Totals = {}
+        self.traffic_rounds = 0
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and interactive()
 
@@ -629,6 +634,13 @@ class Simulation:
             for _, task, owners in self.head_groups
         ]
         self.streamed = streams(self.cfg.aggregation, self.method, len(self.specs), self.enc_layout.numel)
+        heads = {
+            (dataset, task): layout
+            for (dataset, task, _), layout in zip(self.head_groups, self.head_layouts, strict=True)
+        }
+        self.part_bytes = communication.part_bytes(
+            self.clients, self.enc_layout, self.dec_layout, heads, pools.WIRE_DTYPE
+        )
 
     def _start(self) -> int:
         """Fill the store from the latest checkpoint (``resume``) or from scratch; the first round."""
@@ -650,6 +662,9 @@ class Simulation:
         server = checkpoint.load_server(folder)
         self.method.load_state_dict(server["aggregator"])
         self.history = server["history"]
+        # A checkpoint written before the cost was counted has none: its rounds go uncounted.
+        counted = server.get("communication", {"rounds": 0, "totals": {}})
+        self.traffic, self.traffic_rounds = counted["totals"], int(counted["rounds"])
         for i in self.mine:
             self.store.put(i, checkpoint.load_client(folder, i))
         return int(server["round"])
@@ -671,6 +686,7 @@ class Simulation:
                     "round": self.round,
                     "aggregator": self.method.state_dict(),
                     "history": self.history,
+                    "communication": {"rounds": self.traffic_rounds, "totals": self.traffic},
                 }
                 checkpoint.publish(self.run_dir, self.round, server)
 
@@ -680,6 +696,7 @@ class Simulation:
         evaluation results (None when not evaluated this round)."""
         times: dict[str, float] = {}
         participants = self.method.participants(self.round)
+        trained = participants  # all of them uploaded, those the nonfinite policy drops too
         with timed(times, "train"), self._phase():  # a stop request or a failed write ends the round here
             rows, losses, bad = self._train_round(participants)
         with timed(times, "exchange"):
@@ -696,6 +713,7 @@ class Simulation:
             with timed(times, "finish"), self._phase():
                 self._finish_clients()
         values = self._training_values(losses, participants, dropped)
+        values |= self._count_traffic(trained, dropped)
         results = None
         every = self.cfg.evaluation.every
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
@@ -706,6 +724,17 @@ class Simulation:
         values |= {f"server/{k}": v for k, v in self.method.log_values().items()}
         values |= {f"time/{k}": v for k, v in times.items()}
         return values, results
+
+    def _count_traffic(self, trained: list[int] | None, dropped: list[int]) -> dict[str, float]:
+        """The round's bytes up and down (the method's ``exchange``; the clients that trained
+        upload, all but the dropped download), added to the run's totals; returns its scalars."""
+        uploading, downloading = communication.senders_and_receivers(len(self.specs), trained, dropped)
+        exchange = self.method.exchange(self.round)
+        traffic = communication.round_traffic(exchange, self.part_bytes, uploading, downloading)
+        names = [s.name for s in self.specs]
+        communication.add_round(self.traffic, names, traffic)
+        self.traffic_rounds += 1
+        return communication.traffic_values(names, traffic)
 
     def _settle(
         self, losses: torch.Tensor, bad: torch.Tensor, participants: list[int] | None
@@ -842,6 +871,8 @@ class Simulation:
             "server": self.method.log_values(),
             # Per dataset and task, across clients: mean, standard deviation, clients counted
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), self._datasets_of),
+            # Bytes up and down, per client by pool and in all (docs/evaluation.md, "Communication cost")
+            "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
         }
         if len(self.labels) > 1:
             summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
@@ -898,9 +929,9 @@ PER_CLIENT_UP_TO = 8
 
 def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
     """One line per round for logs without a terminal (CI, nohup): each client's training
-    loss, the metrics of the evaluated model when it was evaluated, and the timings; with more
-    than :data:`PER_CLIENT_UP_TO` clients, per group of replicas instead, so the line stays
-    readable at a thousand clients."""
+    loss, the metrics of the evaluated model when it was evaluated, the megabytes all clients
+    sent and received, and the timings; with more than :data:`PER_CLIENT_UP_TO` clients, per
+    group of replicas instead, so the line stays readable at a thousand clients."""
     parts = [f"round {round_}/{rounds}"]
     if "server/participants" in values:  # client sampling
         parts.append(f"participants {int(values['server/participants'])}")
@@ -913,6 +944,9 @@ def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
         parts.append("val: " + _listed(metrics, summarise))
     if values.get("server/dropped_updates"):
         parts.append(f"dropped updates: {int(values['server/dropped_updates'])}")
+    if "comm/up_bytes" in values:
+        up, down = values["comm/up_bytes"] / 1e6, values["comm/down_bytes"] / 1e6
+        parts.append(f"comm: {up:.3g} MB up, {down:.3g} MB down")
     parts.append(
         "time: " + ", ".join(f"{k[5:]} {v:.1f}s" for k, v in values.items() if k.startswith("time/"))
     )

@@ -18,6 +18,7 @@ hook                   what it decides                                          
 ``receive_heads``      the same for heads, when the method shares them             FedAvg (unified)
 ``finish``             work after the last round (never fed back to the server)    FedBABU
 ``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
+``exchange``           what a client sends and receives in a round (its cost)      FedAMP, Local
 =====================  ==========================================================  =================
 
 The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
@@ -47,6 +48,7 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderRows
 from fedmtl.losses import proximal_term
@@ -162,6 +164,14 @@ class Method(Aggregator):
             range(self.num_clients), count
         )
         return sorted(chosen)
+
+    def exchange(self, round_: int) -> Exchange:
+        """What each client sends up and receives down in round ``round_``, by pool, for the
+        run's communication cost (:mod:`fedmtl.aggregation.communication`). Default: what the
+        server aggregates, each pool both ways: the encoder and the decoders, and the heads of
+        a method that shares them. A method overrides it where it sends less (a pool it keeps
+        local) or something else (FedAMP's cloud models)."""
+        return Exchange.both_ways("encoder", "decoders", *(("heads",) if self.shares_heads else ()))
 
     # ------------------------------------------------------------------ the streamed server step
 

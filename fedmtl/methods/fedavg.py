@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, register_method
@@ -166,6 +167,12 @@ class FedAvg(Method):
     @property
     def shares_heads(self) -> bool:
         return self.head_scope != "none"
+
+    def exchange(self, round_: int) -> Exchange:
+        """Every pool whose scope is not ``none``, both ways: a personal pool never leaves the
+        client (FedPer, MaT-FL and FedBABU send only their encoders)."""
+        scopes = {"encoder": self.encoder_scope, "decoders": self.decoder_scope, "heads": self.head_scope}
+        return Exchange.both_ways(*(pool for pool, scope in scopes.items() if scope != "none"))
 
     def _heads(self, inputs: RoundInput) -> list[Tensor] | None:
         """Each head group combined over its owners that trained (``head_scope: same_task``)."""

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     cross_attention_update_flat,
@@ -188,6 +189,12 @@ class FedHCA2(Method):
         decoders = self._aggregate_decoders(inputs)
         self._round = inputs.round
         return RoundOutput(encoders=encoders, decoders=decoders)
+
+    def exchange(self, round_: int) -> Exchange:
+        """Encoders and decoders both ways (each client's update up, its personalised parameters
+        down), a part aggregated as ``none`` not at all. α, β, Ũ and A never leave the server."""
+        modes = {"encoder": self.encoder, "decoders": self.decoder}
+        return Exchange.both_ways(*(part for part, mode in modes.items() if mode != "none"))
 
     # ------------------------------------------------------------------ streamed
 

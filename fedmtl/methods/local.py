@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, register_method
 
@@ -41,6 +42,10 @@ class Local(Method):
 
     def receive(self, ctx: ClientContext, encoder: Tensor, decoders: Mapping[str, Tensor]) -> None:
         """Nothing to take: the model already holds what the client trained."""
+
+    def exchange(self, round_: int) -> Exchange:
+        """Nothing goes over the wire (the simulation's server step is an identity)."""
+        return Exchange()
 
     def __repr__(self) -> str:
         return f"Local(participation={self.participation})"

@@ -27,6 +27,12 @@ averaged (mean ± std of the paired Δm, not the Δm of the mean metrics). The b
 Local run(s) unless ``--baseline`` names a run directory or a row label; a method with a seed
 the baseline lacks is an error, as is a baseline metric of 0 (Δm undefined).
 
+Cost. ``MB/round`` is the mean over the rounds of the bytes all clients sent and received in
+one (10^6 bytes), ``GB total`` the whole run's (10^9 bytes), each the mean over the method's
+seeds, from results.json's ``communication`` (docs/evaluation.md, "Communication cost"). A
+run without it (written before fedmtl counted the cost) leaves both cells empty; one resumed
+from a checkpoint without it counts only its later rounds, so its ``GB total`` stays empty.
+
 "separated". A rough screen, not a significance test: ``yes`` when the method was run with at
 least two seeds and |mean paired Δm| exceeds the standard deviation of its paired Δm across
 seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
@@ -83,6 +89,16 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """A run's communication as results.json records it: all clients' bytes up and down over
+    the rounds counted (fewer than the run's after a resume from a checkpoint that predates
+    the count)."""
+
+    bytes: int
+    rounds: int
+
+
+@dataclass(frozen=True)
 class Run:
     """A finished run directory, as results.json (and config.yaml) describe it."""
 
@@ -94,6 +110,7 @@ class Run:
     metrics: Mapping[str, float]  # Column.key -> final value
     config_key: str  # equal for runs whose configs differ only in the seed
     rounds: int | None = None  # the run's last round (results.json); None: not recorded
+    cost: Cost | None = None  # None: results.json does not record it
 
     @property
     def name(self) -> str:
@@ -141,6 +158,8 @@ class Row:
     metrics: Mapping[str, Stat]  # Column.key -> over seeds
     delta_m: Stat  # of the paired per-seed Δm
     separated: str  # yes / no / n/a / baseline
+    mb_per_round: float | None = None  # mean over seeds; None: a run lacks the cost
+    gb_total: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +194,26 @@ def load_run(path: str | Path, held_out: bool = False) -> Run:
         metrics=metrics,
         config_key=_config_key(config, results),
         rounds=results["rounds"] if isinstance(results.get("rounds"), int) else None,
+        cost=_cost(path, results),
     )
+
+
+def _cost(path: Path, results: Mapping[str, Any]) -> Cost | None:
+    """results.json's communication cost; None when it has none (a run from before it was counted)."""
+    counted = results.get("communication")
+    if counted is None:
+        return None
+    numbers = [
+        counted.get(key) if isinstance(counted, dict) else None
+        for key in ("up_bytes", "down_bytes", "rounds")
+    ]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        raise ValueError(
+            f"{path / 'results.json'}: its communication has no whole up_bytes, down_bytes and rounds >= 0: "
+            "the file was changed after the run wrote it; restore it, or leave the run out"
+        )
+    up, down, rounds = numbers
+    return Cost(up + down, rounds)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -419,6 +457,18 @@ def check_baseline_defined(baseline: RunGroup, columns: Sequence[Column]) -> Non
             )
 
 
+def cost_cells(runs: Sequence[Run]) -> tuple[float | None, float | None]:
+    """(MB per round, GB in total) of a method, each the mean over its runs: None where a run
+    lacks the cost (for GB, also where it counted fewer rounds than it ran)."""
+    costs = [run.cost for run in runs]
+    if any(cost is None or cost.rounds == 0 for cost in costs):
+        return None, None
+    per_round = statistics.fmean(cost.bytes / cost.rounds for cost in costs) / 1e6
+    whole = all(cost.rounds == run.rounds for cost, run in zip(costs, runs, strict=True))
+    total = statistics.fmean(cost.bytes for cost in costs) / 1e9 if whole else None
+    return per_round, total
+
+
 def compute_table(report: Report) -> Table:
     """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
     check_baseline_defined(report.baseline, report.columns)
@@ -426,6 +476,7 @@ def compute_table(report: Report) -> Table:
     for method in report.methods:
         pairs = paired_runs(method, report.baseline)
         delta = stat([paired_delta_m(run, base, report.columns) for run, base in pairs])
+        cost = cost_cells(method.runs)
         rows.append(
             Row(
                 label=method.label,
@@ -434,6 +485,8 @@ def compute_table(report: Report) -> Table:
                 metrics={c.key: stat([run.metrics[c.key] for run in method.runs]) for c in report.columns},
                 delta_m=delta,
                 separated="baseline" if method is report.baseline else separated(delta),
+                mb_per_round=cost[0],
+                gb_total=cost[1],
             )
         )
     return Table(report.columns, tuple(rows), report.baseline.label)
@@ -470,7 +523,11 @@ def _cell(value: Stat, metric: str, plus_minus: str) -> str:
 
 def _cells(table: Table, row: Row, plus_minus: str) -> list[str]:
     metrics = [_cell(row.metrics[c.key], c.metric, plus_minus) for c in table.columns]
-    return [str(len(row.seeds)), *metrics, _cell(row.delta_m, "Δm", plus_minus), row.separated]
+    cost = ["" if v is None else f"{v:.{d}f}" for v, d in ((row.mb_per_round, 1), (row.gb_total, 2))]
+    return [str(len(row.seeds)), *metrics, _cell(row.delta_m, "Δm", plus_minus), *cost, row.separated]
+
+
+COST_HEADERS = ("MB/round", "GB total")  # the cost cells' headers, after Δm
 
 
 def render_markdown(table: Table) -> str:
@@ -479,9 +536,10 @@ def render_markdown(table: Table) -> str:
         "seeds",
         *(f"{c.key} {c.metric} {c.arrow}" for c in table.columns),
         "Δm (%) ↑",
+        *COST_HEADERS,
         "separated",
     ]
-    align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---"]
+    align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---:", "---:", "---"]
     # A label may be a path; a "|" in it would split the cell.
     body = ([row.label.replace("|", r"\|"), *_cells(table, row, " ± ")] for row in table.rows)
     lines = [header, align, *body]
@@ -494,10 +552,11 @@ def render_latex(table: Table) -> str:
         "seeds",
         *(f"{_latex(c.key)} {c.metric} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
         r"$\Delta_m$ (\%) $\uparrow$",
+        *COST_HEADERS,
         "separated",
     ]
     body = [[_latex(row.label), *_cells(table, row, r" $\pm$ ")] for row in table.rows]
-    spec = "lr" + "r" * len(table.columns) + "rl"
+    spec = "lr" + "r" * len(table.columns) + "rrrl"
     return "\n".join(
         [
             r"% fedmtl report; needs \usepackage{booktabs}",
@@ -527,12 +586,24 @@ def _latex(text: str) -> str:
 
 def render_csv(table: Table) -> str:
     """One row per method, full precision: method, algorithm, n_seeds, seeds, delta_m,
-    delta_m_std, separated, then ``<client>/<task>_<metric>`` and its ``_std`` per column."""
+    delta_m_std, mb_per_round, gb_total (empty without the cost), separated, then
+    ``<client>/<task>_<metric>`` and its ``_std`` per column."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     names = [name for c in table.columns for name in (c.csv_name, f"{c.csv_name}_std")]
     writer.writerow(
-        ["method", "algorithm", "n_seeds", "seeds", "delta_m", "delta_m_std", "separated", *names]
+        [
+            "method",
+            "algorithm",
+            "n_seeds",
+            "seeds",
+            "delta_m",
+            "delta_m_std",
+            "mb_per_round",
+            "gb_total",
+            "separated",
+            *names,
+        ]
     )
     for row in table.rows:
         values = [v for c in table.columns for v in (row.metrics[c.key].mean, row.metrics[c.key].std)]
@@ -544,6 +615,8 @@ def render_csv(table: Table) -> str:
                 " ".join(map(_seed_text, row.seeds)),
                 row.delta_m.mean,
                 "" if row.delta_m.std is None else row.delta_m.std,
+                "" if row.mb_per_round is None else row.mb_per_round,
+                "" if row.gb_total is None else row.gb_total,
                 row.separated,
                 *("" if v is None else v for v in values),
             ]

@@ -137,6 +137,11 @@ def _states(run_dir: Path, round_: int) -> list[dict]:
     return [checkpoint.load_client(folder, i) for i in range(TINY_CLIENTS)]
 
 
+def _names(results: dict) -> list[str]:
+    """The clients' names in client order (results.json lists them so)."""
+    return list(results["clients"])
+
+
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -164,6 +169,13 @@ def test_an_unavailable_client_keeps_its_state_the_others_change_and_a_resume_co
         **totals(dropout, seed, 2, TINY_CLIENTS, lambda r: None),
     }
     assert straight["availability"]["unavailable_client_rounds"] == 1
+    # It sends nothing and receives nothing in the round it is away; the others do both.
+    name = _names(straight)[away]
+    assert _logged(tmp_path / "straight", f"comm/{name}/up_bytes")[2] == 0
+    assert _logged(tmp_path / "straight", f"comm/{name}/down_bytes")[2] == 0
+    for other in set(_names(straight)) - {name}:
+        assert _logged(tmp_path / "straight", f"comm/{other}/up_bytes")[2] > 0
+        assert _logged(tmp_path / "straight", f"comm/{other}/down_bytes")[2] > 0
 
     fit_killed_in_round(config, tmp_path / "resumed", monkeypatch, 2)
     assert fit(config, tmp_path / "resumed", "--resume", "true") == straight
@@ -253,6 +265,11 @@ def test_a_round_with_every_client_unavailable_has_no_server_step_and_fedhca2_go
     assert "round 2: all" not in err
     assert _logged(tmp_path / "straight", "server/unavailable")[1] == everyone
     assert _logged(tmp_path / "straight", "server/participants")[1] == 0
+    assert (
+        _logged(tmp_path / "straight", "comm/up_bytes")[1]
+        == _logged(tmp_path / "straight", "comm/down_bytes")[1]
+        == 0
+    )
     first = _states(tmp_path / "straight", 1)
     assert all(s["epochs_done"] == 0 and s["optimizer"] is None for s in first)  # nothing trained or received
     last_two = _states(tmp_path / "straight", 2), _states(tmp_path / "straight", 3)

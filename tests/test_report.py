@@ -139,7 +139,8 @@ def test_seeds_give_mean_and_sample_std(three_seeds):
     # Local's own metric spread: A/semseg 50, 40, 50 -> mean 46.67, std sqrt((11.1 + 44.4 + 11.1)/2) = 5.77
     assert rows["Local"].metrics["A/semseg"].std == pytest.approx((100 / 3) ** 0.5)
     text = report.render_markdown(report.compute_table(report.build_report(three_seeds)))
-    assert "| FedAvg | 3 | 60.00 ± 5.00 | 40.00 ± 2.00 | 0.5000 ± 0.1000 | 10.00 ± 6.01 | yes |" in text
+    # No communication in these results.json (as written before fedmtl counted it): empty cost cells
+    assert "| FedAvg | 3 | 60.00 ± 5.00 | 40.00 ± 2.00 | 0.5000 ± 0.1000 | 10.00 ± 6.01 |  |  | yes |" in text
 
 
 def test_separated_is_mean_against_spread():
@@ -188,7 +189,7 @@ def test_two_runs_of_one_seed_are_separate_rows_with_unique_labels(tmp_path):
 
 def test_csv_markdown_and_latex_have_one_cell_per_column(three_seeds):
     table = report.compute_table(report.build_report(three_seeds))
-    cells = 2 + len(COLUMNS) + 2  # method, seeds, the metrics, Δm, separated
+    cells = 2 + len(COLUMNS) + 4  # method, seeds, the metrics, Δm, MB/round, GB total, separated
 
     rows = list(csv.DictReader(io.StringIO(report.render(table, "csv"))))
     assert [r["method"] for r in rows] == ["Local", "FedAvg"]
@@ -211,6 +212,72 @@ def test_csv_markdown_and_latex_have_one_cell_per_column(three_seeds):
     assert len(lines) == 1 + len(table.rows)
     assert {len(re.findall(r"(?<!\\)&", line)) for line in lines} == {cells - 1}
     assert r"B/depth RMSE $\downarrow$" in latex and r"60.00 $\pm$ 5.00" in latex
+
+
+def with_cost(run: Path, up: int, down: int, rounds: int = 10) -> Path:
+    """``run``'s results.json with a communication cost: ``up`` and ``down`` bytes over ``rounds``."""
+    results = json.loads((run / "results.json").read_text())
+    results["communication"] = {
+        "rounds": rounds,
+        "up_bytes": up,
+        "down_bytes": down,
+        "pools": {},
+        "clients": {},
+    }
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+def test_cost_columns_are_megabytes_per_round_and_gigabytes_in_all(tmp_path):
+    local = with_cost(write_run(tmp_path / "local", "Local", 50.0, 40.0, 0.5), 0, 0)
+    config = {"algorithm": "FedAvg"}
+    runs = [
+        with_cost(
+            write_run(tmp_path / f"fedavg-s{seed}", "FedAvg", 55.0, 38.0, 0.4, seed=seed, config=config),
+            up,
+            down,
+        )
+        for seed, (up, down) in enumerate([(3_000_000, 1_000_000), (5_000_000, 3_000_000)])
+    ]
+    local1 = with_cost(write_run(tmp_path / "local1", "Local", 50.0, 40.0, 0.5, seed=1), 0, 0)
+    table = report.compute_table(report.build_report([local, local1, *runs], baseline=str(local)))
+    fedavg = next(row for row in table.rows if row.algorithm == "FedAvg")
+    # seeds: 4 MB and 8 MB over 10 rounds: 0.4 and 0.8 MB a round, mean 0.6; 0.004 and 0.008 GB, mean 0.006
+    assert fedavg.mb_per_round == pytest.approx(0.6) and fedavg.gb_total == pytest.approx(0.006)
+    assert table.rows[0].mb_per_round == 0.0 and table.rows[0].gb_total == 0.0
+    rows = {r["method"]: r for r in csv.DictReader(io.StringIO(report.render(table, "csv")))}
+    assert float(rows["FedAvg"]["mb_per_round"]) == pytest.approx(0.6)
+    assert float(rows["FedAvg"]["gb_total"]) == pytest.approx(0.006)
+    assert "| 8.33 ± 0.00 | 0.6 | 0.01 | yes |" in report.render(table, "markdown")
+    latex = report.render(table, "latex")
+    assert "MB/round & GB total & separated" in latex and "& 0.6 & 0.01 &" in latex
+
+
+def test_a_run_without_the_full_cost_leaves_its_cells_empty(tmp_path):
+    local = with_cost(write_run(tmp_path / "local", "Local", 50.0, 40.0, 0.5), 0, 0)
+    old = write_run(tmp_path / "old", "FedAvg", 55.0, 38.0, 0.4)  # results.json of an earlier fedmtl
+    # Resumed from a checkpoint that predates the count: 4 of its 10 rounds counted
+    resumed = with_cost(
+        write_run(tmp_path / "resumed", "FedProx", 55.0, 38.0, 0.4), 2_000_000, 2_000_000, rounds=4
+    )
+    rows = table_of(local, old, resumed)
+    assert rows["old"].mb_per_round is None and rows["old"].gb_total is None
+    assert rows["resumed"].mb_per_round == pytest.approx(1.0) and rows["resumed"].gb_total is None
+    csv_rows = {
+        r["method"]: r
+        for r in csv.DictReader(
+            io.StringIO(
+                report.render(report.compute_table(report.build_report([local, old, resumed])), "csv")
+            )
+        )
+    }
+    assert csv_rows["old"]["mb_per_round"] == "" and csv_rows["resumed"]["gb_total"] == ""
+
+
+def test_a_changed_cost_is_refused(tmp_path, two_methods, capsys):
+    with_cost(two_methods[1], -5, 0)
+    error = refused([str(p) for p in two_methods], tmp_path, capsys)
+    assert "results.json: its communication has no whole up_bytes, down_bytes and rounds >= 0" in error
 
 
 def test_latex_escapes_names(tmp_path):
@@ -334,10 +401,16 @@ def test_the_command_reports_two_real_runs(real_runs, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
         "| method | seeds | pascal_context-sal/sal maxF ↑ | nyud-normals+depth/normals mErr ↓ "
-        "| nyud-normals+depth/depth RMSE ↓ | Δm (%) ↑ | separated |"
+        "| nyud-normals+depth/depth RMSE ↓ | Δm (%) ↑ | MB/round | GB total | separated |"
     )
-    assert lines[2].startswith("| local | 1 |") and lines[2].endswith("| 0.00 | baseline |")
-    assert lines[3].startswith("| fedavg | 1 |") and lines[3].endswith("| n/a |")
+    # Local sends nothing; FedAvg's one round costs what its results.json counted.
+    assert lines[2].startswith("| local | 1 |") and lines[2].endswith("| 0.00 | 0.0 | 0.00 | baseline |")
+    counted = json.loads((real_runs["FedAvg"] / "results.json").read_text())["communication"]
+    sent = counted["up_bytes"] + counted["down_bytes"]
+    assert sent > 0 and counted["rounds"] == 1
+    assert lines[3].startswith("| fedavg | 1 |") and lines[3].endswith(
+        f"| {sent / 1e6:.1f} | {sent / 1e9:.2f} | n/a |"
+    )
     assert len(lines) == 4
 
 

@@ -106,6 +106,12 @@ class FlatLayout:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def nbytes(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the flat vector in ``dtype``, or with each tensor in its own dtype."""
+        if dtype is not None:
+            return self.numel * dtype.itemsize
+        return sum(n * t.itemsize for n, t in zip(self.numels, self.dtypes, strict=True))
+
     # --- module <-> flat vector ---------------------------------------------------------
 
     def flatten(self, source: Source, dtype: torch.dtype | None = None) -> Tensor:

@@ -49,6 +49,7 @@ from fedmtl.aggregation import (
     HeadGroup,
     RoundInput,
     RoundOutput,
+    communication,
     decoder_owners_of,
     head_groups_of,
 )
@@ -137,6 +138,10 @@ class Simulation:
         # Computed for results.json (rank 0), federated then held-out clients.
         self._histograms: list[dict[str, int] | None] | None = None
         self._train_images: list[int] = []
+        # Bytes each client sent and received so far, by pool, and the rounds they cover (a
+        # checkpoint keeps them: dropped updates make the cost depend on the run, not the config).
+        self.traffic: communication.Totals = {}
+        self.traffic_rounds = 0
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         self._bars = fabric.global_rank == 0 and interactive()
 
@@ -726,6 +731,13 @@ class Simulation:
             for _, task, owners in self.head_groups
         ]
         self.streamed = streams(self.cfg.aggregation, self.method, len(self.specs), self.enc_layout.numel)
+        heads = {
+            (dataset, task): layout
+            for (dataset, task, _), layout in zip(self.head_groups, self.head_layouts, strict=True)
+        }
+        self.part_bytes = communication.part_bytes(
+            self.clients, self.enc_layout, self.dec_layout, heads, pools.WIRE_DTYPE
+        )
 
     def _start(self) -> int:
         """Fill the store from the latest checkpoint (``resume``) or from scratch; the first round."""
@@ -747,6 +759,9 @@ class Simulation:
         server = checkpoint.load_server(folder)
         self.method.load_state_dict(server["aggregator"])
         self.history = server["history"]
+        # A checkpoint written before the cost was counted has none: its rounds go uncounted.
+        counted = server.get("communication", {"rounds": 0, "totals": {}})
+        self.traffic, self.traffic_rounds = counted["totals"], int(counted["rounds"])
         for i in self.mine:
             self.store.put(i, checkpoint.load_client(folder, i))
         return int(server["round"])
@@ -768,6 +783,7 @@ class Simulation:
                     "round": self.round,
                     "aggregator": self.method.state_dict(),
                     "history": self.history,
+                    "communication": {"rounds": self.traffic_rounds, "totals": self.traffic},
                 }
                 checkpoint.publish(self.run_dir, self.round, server)
 
@@ -791,8 +807,10 @@ class Simulation:
             inputs = self._exchange(rows, participants) if participants != [] else None
         if inputs is None:  # every client that would train is unavailable
             self._skip_server_step(drawn.unavailable)
+            receive_nothing = list(range(len(self.specs)))
         else:  # unavailable clients, like dropped updates, receive nothing and keep their state
-            self._server_step(inputs, [*dropped, *drawn.unavailable], times)
+            receive_nothing = [*dropped, *drawn.unavailable]
+            self._server_step(inputs, receive_nothing, times)
         del rows, inputs
         if self.round == self.cfg.rounds and self.method.finishes:
             with timed(times, "finish"), self._phase():
@@ -801,6 +819,8 @@ class Simulation:
         if self.cfg.availability.enabled:
             values["server/unavailable"] = float(len(drawn.unavailable))
             values["server/stragglers"] = float(len(drawn.stragglers))
+        # The clients that trained uploaded (those whose update was dropped too).
+        values |= self._count_traffic(drawn.training, receive_nothing)
         results = None
         every = self.cfg.evaluation.every
         if self.round == self.cfg.rounds or (every > 0 and self.round % every == 0):
@@ -836,6 +856,20 @@ class Simulation:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _count_traffic(self, trained: list[int] | None, receive_nothing: list[int]) -> dict[str, float]:
+        """The round's bytes up and down (the method's ``exchange``; the clients that trained
+        upload, all but ``receive_nothing`` download: dropped updates, unavailable clients, every
+        client in a round without a server step), added to the run's totals; returns its scalars."""
+        uploading, downloading = communication.senders_and_receivers(
+            len(self.specs), trained, receive_nothing
+        )
+        exchange = self.method.exchange(self.round)
+        traffic = communication.round_traffic(exchange, self.part_bytes, uploading, downloading)
+        names = [s.name for s in self.specs]
+        communication.add_round(self.traffic, names, traffic)
+        self.traffic_rounds += 1
+        return communication.traffic_values(names, traffic)
 
     def _settle(
         self, losses: torch.Tensor, bad: torch.Tensor, participants: list[int] | None
@@ -980,6 +1014,8 @@ class Simulation:
             "server": self.method.log_values(),
             # Per dataset and task, across clients: mean, standard deviation, clients counted
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), self._datasets_of),
+            # Bytes up and down, per client by pool and in all (docs/evaluation.md, "Communication cost")
+            "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
         }
         if self.cfg.availability.enabled:
             summary["availability"] = self._availability_totals(rounds)
@@ -1075,9 +1111,9 @@ PER_CLIENT_UP_TO = 8
 
 def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
     """One line per round for logs without a terminal (CI, nohup): each client's training
-    loss, the metrics of the evaluated model when it was evaluated, and the timings; with more
-    than :data:`PER_CLIENT_UP_TO` clients, per group of replicas instead, so the line stays
-    readable at a thousand clients."""
+    loss, the metrics of the evaluated model when it was evaluated, the megabytes all clients
+    sent and received, and the timings; with more than :data:`PER_CLIENT_UP_TO` clients, per
+    group of replicas instead, so the line stays readable at a thousand clients."""
     parts = [f"round {round_}/{rounds}"]
     if "server/participants" in values:  # client sampling
         parts.append(f"participants {int(values['server/participants'])}")
@@ -1093,6 +1129,9 @@ def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:
     for key, what in [("server/unavailable", "unavailable"), ("server/stragglers", "stragglers")]:
         if values.get(key):
             parts.append(f"{what}: {int(values[key])}")
+    if "comm/up_bytes" in values:
+        up, down = values["comm/up_bytes"] / 1e6, values["comm/down_bytes"] / 1e6
+        parts.append(f"comm: {up:.3g} MB up, {down:.3g} MB down")
     parts.append(
         "time: " + ", ".join(f"{k[5:]} {v:.1f}s" for k, v in values.items() if k.startswith("time/"))
     )

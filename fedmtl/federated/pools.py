@@ -22,6 +22,10 @@ from fedmtl.aggregation import FlatLayout
 
 Part = Callable[[nn.Module, str], nn.Module]  # (model, task) -> the module a row flattens
 
+#: The dtype of every exchanged row (and of a streamed round's row files): what a round's
+#: communication cost counts, whatever the model's precision.
+WIRE_DTYPE = torch.float32
+
 
 def encoder_part(model: nn.Module, task: str) -> nn.Module:
     return model.encoder
@@ -55,8 +59,8 @@ class Pool:
         self._local = {}
         for k, (i, task) in enumerate(mine):
             self._local.setdefault(i, []).append((k, task))
-        self.prev = torch.empty(len(mine), self.layout.numel, device=self.device)
-        self.delta = torch.empty(len(mine), self.layout.numel, device=self.device)
+        self.prev = torch.empty(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
+        self.delta = torch.empty(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
 
     def rows_of(self, client: int) -> list[tuple[int, str]]:
         """(row on this rank, task) of each of ``client``'s rows."""

@@ -18,7 +18,8 @@ hook                   what it decides                                          
 ``receive_heads``      the same for heads, when the method shares them             FedAvg (unified)
 ``finish``             work after the last round (never fed back to the server)    FedBABU
 ``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
-``shared_parts``       what a new (held-out) client receives of the federation     FedPer, Local
+``shared_parts``       the parts it shares: sent each round, given to new clients  FedPer, Local
+``exchange``           what a client sends and receives in a round (its cost)      FedAMP, FedSTA
 =====================  ==========================================================  =================
 
 The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
@@ -48,6 +49,7 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
+from fedmtl.aggregation.communication import PARTS, Exchange
 from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderRows
 from fedmtl.losses import proximal_term
@@ -141,8 +143,9 @@ class Method(Aggregator):
     @property
     def shared_parts(self) -> frozenset[str]:
         """The parts of a client model the server shares among clients, by module: ``encoder``,
-        ``decoders``, ``heads``; what a new (held-out) client receives of the federated model.
-        Default: the encoder and the decoders, and the heads when the method shares them."""
+        ``decoders``, ``heads``: what a round sends both ways by default (:meth:`exchange`) and
+        what a new (held-out) client receives of the federated model. Default: the encoder and
+        the decoders, and the heads when the method shares them."""
         return frozenset({"encoder", "decoders", *(("heads",) if self.shares_heads else ())})
 
     def __init__(self, participation: float = 1.0) -> None:
@@ -172,6 +175,14 @@ class Method(Aggregator):
             range(self.num_clients), count
         )
         return sorted(chosen)
+
+    def exchange(self, round_: int) -> Exchange:
+        """What each client sends up and receives down in round ``round_``, by pool, for the
+        run's communication cost (:mod:`fedmtl.aggregation.communication`). Default: the
+        :attr:`shared_parts`, each both ways (a client's update up, its new parameters down).
+        A method overrides it where a round sends something else (FedAMP's cloud models) or
+        nothing (FedSTA's local phase)."""
+        return Exchange.both_ways(*(part for part in PARTS if part in self.shared_parts))
 
     # ------------------------------------------------------------------ the streamed server step
 

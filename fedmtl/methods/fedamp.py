@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.functional import fedamp_weights, gram_matrix, heuristic_fedamp_weights, mix_rows
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, Method, Penalty, register_method, snapshot
@@ -98,6 +99,14 @@ class FedAMP(Method):
 
     def log_values(self) -> dict[str, float]:
         return {f"xi_self/{name}": value for name, value in self._xi_self.items()}
+
+    def exchange(self, round_: int) -> Exchange:
+        """Up: the client's trained encoder and decoders (w_i); down: its personal cloud models
+        u_i, one per encoder and decoder slot (``clouds``). The server keeps every client's last
+        upload, so a client that sits a round out sends nothing and still gets its cloud."""
+        return Exchange(
+            up={"encoder": ("encoder",), "decoders": ("decoders",)}, down={"clouds": ("encoder", "decoders")}
+        )
 
     # ------------------------------------------------------------------ streamed
 

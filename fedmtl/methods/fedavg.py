@@ -165,6 +165,8 @@ class FedAvg(Method):
 
     @property
     def shared_parts(self) -> frozenset[str]:
+        """Every pool whose scope is not ``none``: a personal pool never leaves the client
+        (FedPer, MaT-FL and FedBABU share only their encoders)."""
         scopes = {"encoder": self.encoder_scope, "decoders": self.decoder_scope, "heads": self.head_scope}
         return frozenset(part for part, scope in scopes.items() if scope != "none")
 

@@ -11,6 +11,7 @@ from jsonargparse import lazy_instance
 from torch import Tensor
 
 from fedmtl.aggregation.base import Aggregator, RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.feddea import check_rho, feddea_mask
 from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderRows
@@ -113,6 +114,11 @@ class FedDEA(Method):
 
     def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         return self.host.aggregate_streamed(self._masked(inputs), encoders)  # rows masked as written
+
+    def exchange(self, round_: int) -> Exchange:
+        """The host's: a masked update travels as the dense row the engine exchanges (a sparse
+        encoding, ⌈ρ·d⌉ values and their indices, would send less; fedmtl does not use one)."""
+        return self.host.exchange(round_)
 
     def transform(self, deltas: Tensor, layout: FlatLayout) -> Tensor:
         """FedDEA's transform of a stack of updates [M, D]: per row (``unit``) or per parameter

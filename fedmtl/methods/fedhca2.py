@@ -166,6 +166,8 @@ class FedHCA2(Method):
 
     @property
     def shared_parts(self) -> frozenset[str]:
+        """Encoders and decoders (each client's update up, its personalised parameters down), a
+        part aggregated as ``none`` not at all; α, β, Ũ and A never leave the server."""
         modes = {"encoder": self.encoder, "decoders": self.decoder}
         return frozenset(part for part, mode in modes.items() if mode != "none")
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.communication import Exchange
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import ClientContext, register_method
 from fedmtl.methods.checks import integer_at_least
@@ -96,6 +97,11 @@ class FedSTA(FedAvg):
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         if not self.in_phase_b(ctx.round):  # phase B: the client keeps the bits it trained
             super().receive(ctx, encoder, decoders)
+
+    def exchange(self, round_: int) -> Exchange:
+        """Phase A: FedPer's (the encoder; with ``same_task_decoders`` the decoders too); phase B:
+        nothing is sent."""
+        return Exchange() if self.in_phase_b(round_) else super().exchange(round_)
 
     def __repr__(self) -> str:
         return (

@@ -21,7 +21,7 @@ class Local(Method):
     """
 
     evaluated = "local"
-    shared_parts = frozenset()  # nothing leaves a client
+    shared_parts = frozenset()  # nothing leaves a client: no cost, and a new client starts from its own draw
 
     def aggregate(self, inputs: RoundInput) -> RoundOutput:
         return RoundOutput(

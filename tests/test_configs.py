@@ -345,3 +345,16 @@ def test_the_benchmark_scenarios_share_data_and_recipe_and_differ_in_shape_and_e
         ("nyud", True, 16, 4),
         ("pascal_context", False, 3, 5),
     ]
+
+
+def test_the_label_skew_benchmark_is_scenario1s_under_a_dirichlet_split():
+    """benchmark/label_skew.yaml says it is the scenario-1 benchmark with the PASCAL-Context
+    images split by a Dirichlet(0.1) over dominant classes: nothing else may differ."""
+    from dataclasses import replace
+
+    one, skew = _load("benchmark/scenario1.yaml"), _load("benchmark/label_skew.yaml")
+    for section in ("clients", "model", "evaluation", "rounds", "cpu_threads", "seed"):
+        assert getattr(skew, section) == getattr(one, section), section
+    assert replace(skew.data, partition=one.data.partition) == one.data
+    assert type(skew.data.partition).__name__ == "Dirichlet" and skew.data.partition.alpha == 0.1
+    assert skew.run_dir == "runs/benchmark/label_skew"

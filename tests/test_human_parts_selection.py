@@ -209,7 +209,9 @@ def test_the_engine_builds_client_datasets_with_the_configured_selection(root):
     spec = SimpleNamespace(dataset="pascal_context", tasks=("human_parts",), train_indices=CLIENT)
     for selection, expected in (("public", PUBLIC_PARTS_ONLY), ("correct", CORRECT_PARTS_ONLY)):
         cfg = SimpleNamespace(data=DataConfig(root=str(root), human_parts_selection=selection), seed=0)
-        sim = SimpleNamespace(specs=[spec], cfg=cfg, _img_size=lambda i: (H, W), _samples=None, _datasets={})
+        sim = SimpleNamespace(
+            cfg=cfg, _spec=lambda i: spec, _img_size=lambda i: (H, W), _samples=None, _datasets={}
+        )
         assert Simulation._dataset(sim, 0, "train").ids == expected
         assert Simulation._dataset(sim, 0, "val").ids == ["i9", "i6", "i4", "i3", "i0"]
 

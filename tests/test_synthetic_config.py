@@ -42,6 +42,12 @@ def _training_images(cfg: RunConfig, monkeypatch) -> dict[str, int]:
     """Every client's training images: its partition of the generated training split, less
     the images a human_parts-only client drops (those without a person)."""
     monkeypatch.setattr(scenario, "train_split_size", lambda c, dataset: c.data.synth[dataset].num_train)
+
+    def trained(self, dataset: str, tasks: tuple[str, ...], indices) -> list[int]:  # the data is not written
+        parts_only = dataset == "pascal_context" and tasks == ("human_parts",)
+        return [i for i in indices if _has_person(cfg, i)] if parts_only else list(indices)
+
+    monkeypatch.setattr(scenario.TrainedImages, "__call__", trained)
     specs = build_clients(cfg)
     assert len(specs) == count_clients(cfg)
     return {

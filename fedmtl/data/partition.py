@@ -69,6 +69,13 @@ class Partitioner:
         options = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({options})"
 
+    def __eq__(self, other: object) -> bool:
+        # Two configs that name the same partition with the same options are equal configs.
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted(vars(self).items()))))
+
 
 PARTITIONERS: Registry[type[Partitioner]] = Registry("partition")
 

@@ -760,8 +760,8 @@ class Simulation:
         self.method.load_state_dict(server["aggregator"])
         self.history = server["history"]
         # A checkpoint written before the cost was counted has none: its rounds go uncounted.
-        counted = server.get("communication", {"rounds": 0, "totals": {}})
-        self.traffic, self.traffic_rounds = counted["totals"], int(counted["rounds"])
+        counted = server.get("communication", {"rounds": 0, "totals": "{}"})
+        self.traffic, self.traffic_rounds = json.loads(counted["totals"]), int(counted["rounds"])
         for i in self.mine:
             self.store.put(i, checkpoint.load_client(folder, i))
         return int(server["round"])
@@ -783,7 +783,10 @@ class Simulation:
                     "round": self.round,
                     "aggregator": self.method.state_dict(),
                     "history": self.history,
-                    "communication": {"rounds": self.traffic_rounds, "totals": self.traffic},
+                    # As JSON text: pickling the dict would share the client-name strings it
+                    # has in common with the history only in an uninterrupted run, and the
+                    # checkpoint's bytes would depend on whether the run was resumed.
+                    "communication": {"rounds": self.traffic_rounds, "totals": json.dumps(self.traffic)},
                 }
                 checkpoint.publish(self.run_dir, self.round, server)
 
@@ -1032,7 +1035,9 @@ class Simulation:
                 "tasks": evaluation.task_summary(results.get(held_out.LABEL, {}), self._datasets_of),
             }
         self._record_partition(
-            summary["clients"], *([summary["held_out"]["clients"]] if self.held_out else [])
+            summary["clients"],
+            *summary.get("also_evaluated", {}).values(),
+            *([summary["held_out"]["clients"]] if self.held_out else []),
         )
         # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
         nonfinite = {
@@ -1046,8 +1051,8 @@ class Simulation:
 
     def _record_partition(self, *tables: dict[str, Any]) -> None:
         """Each client's ``train_images`` (the images it trains on) and ``class_histogram``
-        (those images per dominant class), into its entry of ``tables`` (the federation's
-        clients, and the held-out ones). The histograms read every training label once; only
+        (those images per dominant class), into its entries of ``tables`` (the federation's
+        clients, under each evaluated model, and the held-out ones). The histograms read every training label once; only
         rank 0, which writes results.json, computes them."""
         if self.fabric.global_rank != 0:
             return
@@ -1059,9 +1064,10 @@ class Simulation:
                 len(trained(s.dataset, s.tasks, s.train_indices)) for s in self.held_out
             ]
         for spec, count, histogram in zip(specs, self._train_images, self._histograms, strict=True):
-            table = next(t for t in tables if spec.name in t)
-            table[spec.name]["train_images"] = count
-            table[spec.name]["class_histogram"] = histogram
+            for table in tables:
+                if spec.name in table:
+                    table[spec.name]["train_images"] = count
+                    table[spec.name]["class_histogram"] = histogram
 
     def _availability_totals(self, rounds: int) -> dict[str, Any]:
         """The run's availability settings and its unavailable and straggling client-rounds over

@@ -798,7 +798,7 @@ def draw_partition(report: Report):
     ]
     ncols = min(2, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(6.0 * ncols, 3.6 * nrows), layout="constrained")
+    fig = Figure(figsize=(7.5 * ncols, 3.6 * nrows), layout="constrained")
     FigureCanvasAgg(fig)  # off-screen: no display needed
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax in axes[len(panels) :]:
@@ -816,7 +816,11 @@ def _stacked_bars(ax, histograms: Mapping[str, Mapping[str, int]]) -> None:
     classes = list(dict.fromkeys(c for histogram in histograms.values() for c in histogram))
     clients = list(histograms)
     bottom = [0] * len(clients)
-    colours = [f"C{i % 10}" for i in range(len(classes))]
+    # tab20 tells 20 classes apart (PASCAL-Context's foreground); past it, colours repeat.
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"].colors
+    colours = [palette[i % len(palette)] for i in range(len(classes))]
     for cls, colour in zip(classes, colours, strict=True):
         heights = [histograms[client].get(cls, 0) for client in clients]
         ax.bar(range(len(clients)), heights, bottom=bottom, color=colour, label=cls, width=0.7)
@@ -824,7 +828,14 @@ def _stacked_bars(ax, histograms: Mapping[str, Mapping[str, int]]) -> None:
     ax.set_xticks(range(len(clients)), clients, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("training images", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, ncols=2 if len(classes) > 8 else 1, title="dominant class", title_fontsize=6)
+    ax.legend(
+        fontsize=6,
+        ncols=2 if len(classes) > 8 else 1,
+        title="dominant class",
+        title_fontsize=6,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),  # beside the bars, never over them
+    )
 
 
 # ---------------------------------------------------------------------------- writing files

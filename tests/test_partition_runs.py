@@ -17,7 +17,7 @@ from fedmtl.data.datasets import build_dataset
 from fedmtl.data.dominant import class_histogram, dominant_classes
 from fedmtl.data.partition import Dirichlet
 from fedmtl.federated.scenario import build_clients
-from tests.helpers import TINY, fit, fit_refused, refused_keeping, tiny_config
+from tests.helpers import TINY, fit, fit_in_processes, fit_refused, refused_keeping, tiny_config
 
 
 def _data(data_root, partition: dict) -> dict:
@@ -134,3 +134,17 @@ def test_report_draws_the_partition(skewed_run, tmp_path, capsys):
     for refused, why in ((figure, "exists"), (tmp_path / "partition.pdf", "must end in .png or .svg")):
         lines = refused_keeping(["report", str(run_dir), "--partition", str(refused)], tmp_path, capsys)
         assert why in lines[-1], lines
+
+
+def test_a_skewed_federation_is_the_same_on_one_and_two_devices(tmp_path, data_root):
+    """The draw is made for every client from the run's seed in each process: two processes
+    split, train and record exactly as one does."""
+    client = {"dataset": "nyud", "tasks": ["normals", "depth"], "replicas": 3, "batch_size": 2}
+    config = tiny_config(
+        tmp_path, data_root, rounds=1, clients=[client], data=_data(data_root, {"class_path": "Dirichlet"})
+    )
+    one = fit(config, tmp_path / "one")
+    two = fit_in_processes(config, tmp_path / "two")
+    assert one == two
+    sizes = [entry["train_images"] for entry in one["clients"].values()]
+    assert sum(sizes) == 12 and len(set(sizes)) > 1  # skewed, every image once

@@ -554,7 +554,7 @@ class Simulation:
     def _federated_parts(self) -> dict[held_out.Part, torch.Tensor]:
         """The parts of the federated model the held-out clients take: each shared part's mean
         over the federated clients' evaluated models that hold it (module held_out)."""
-        shared = held_out.shared_parts(self.method)
+        shared = self.method.shared_parts
         first = len(self.specs)
         owner = {}  # a held-out client of each part's architecture: sizes every rank agrees on
         for h, spec in enumerate(self.held_out):
@@ -580,7 +580,7 @@ class Simulation:
         """Every held-out client after the last round: the federated model's shared parts on
         its first draw, fine-tuned on its own data, evaluated: {client: {task: value}}."""
         parts = self._federated_parts()
-        shared = held_out.shared_parts(self.method)
+        shared = self.method.shared_parts
         first = len(self.specs)
         table = torch.zeros(
             len(self.held_out), len(TASK_SLOTS), dtype=torch.float64, device=self.fabric.device

@@ -23,19 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedmtl.methods.base import Method
+from fedmtl.aggregation.communication import PARTS
 
 #: The held-out clients' metrics in an evaluation's results (beside the methods' model labels).
 LABEL = "held_out"
 
 #: The parts of a client model a method may share, by module: ``model.encoder``,
 #: ``model.decoders[task]`` (one per task), ``model.heads[task]`` (one per dataset and task).
-ENCODER, DECODERS, HEADS = "encoder", "decoders", "heads"
-
-
-def shared_parts(method: Method) -> frozenset[str]:
-    """The parts whose federated value a new client of ``method`` receives."""
-    return frozenset(method.shared_parts)
+ENCODER, DECODERS, HEADS = PARTS
 
 
 @dataclass(frozen=True)

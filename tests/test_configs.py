@@ -308,7 +308,9 @@ def test_the_benchmark_splits_scenario_1_clients_only_in_local_epochs(monkeypatc
     # The partition needs the training split sizes: those the configs generate, without the data.
     monkeypatch.setattr(scenario, "train_split_size", lambda cfg, dataset: cfg.data.synth[dataset].num_train)
     # and the images a client trains on (a human-parts client reads its labels): all of them here
-    monkeypatch.setattr(scenario.TrainedImages, "__call__", lambda self, dataset, tasks, indices: list(indices))
+    monkeypatch.setattr(
+        scenario.TrainedImages, "__call__", lambda self, dataset, tasks, indices: list(indices)
+    )
     raw = yaml.safe_load((CONFIGS / "benchmark" / "scenario1.yaml").read_text())
     pascal = [group for group in raw["clients"] if group["dataset"] == "pascal_context"]
     one_group = {**pascal[0], "tasks": [t for group in pascal for t in group["tasks"]], "local_epochs": 1}

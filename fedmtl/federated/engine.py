@@ -1058,8 +1058,8 @@ class Simulation:
             return
         specs = [*self.specs, *self.held_out]
         if self._histograms is None:
-            trained = TrainedImages(self.cfg)
-            self._histograms = class_histograms(self.cfg, specs)
+            trained = TrainedImages(self.cfg)  # one read of each subset-keeping dataset for both
+            self._histograms = class_histograms(self.cfg, specs, trained)
             self._train_images = [c.num_samples for c in self.clients] + [
                 len(trained(s.dataset, s.tasks, s.train_indices)) for s in self.held_out
             ]

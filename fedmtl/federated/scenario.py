@@ -106,11 +106,6 @@ def build_clients(cfg: RunConfig) -> list[ClientSpec]:
     return build_scenario(cfg)[0]
 
 
-def build_held_out(cfg: RunConfig) -> list[ClientSpec]:
-    """The held-out clients (``clients[].held_out``), which join only after the last round."""
-    return build_scenario(cfg)[1]
-
-
 def build_scenario(cfg: RunConfig) -> tuple[list[ClientSpec], list[ClientSpec]]:
     """The federation's clients and the held-out ones: one client per task of a single-task
     group, one per multi-task group, times replicas.
@@ -207,12 +202,15 @@ def _partition_group(group: ClientGroup) -> str:
     return f"held_out/{kind}" if group.held_out else kind
 
 
-def class_histograms(cfg: RunConfig, specs: Sequence[ClientSpec]) -> list[dict[str, int] | None]:
+def class_histograms(
+    cfg: RunConfig, specs: Sequence[ClientSpec], trained: TrainedImages | None = None
+) -> list[dict[str, int] | None]:
     """Each client's images per dominant class (results.json's ``class_histogram``), counting
-    the images it trains on; None for a client whose dataset's semseg labels cannot be read
-    (a dataset on disk without them): the run's results do not depend on it."""
+    the images it trains on (``trained``: a caller's TrainedImages, whose datasets it reuses);
+    None for a client whose dataset's semseg labels cannot be read (a dataset on disk without
+    them): the run's results do not depend on it."""
     root = cfg.data.resolved_root()
-    trained = TrainedImages(cfg)
+    trained = trained or TrainedImages(cfg)
     out: list[dict[str, int] | None] = []
     for spec in specs:
         try:

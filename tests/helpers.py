@@ -121,17 +121,17 @@ def fit_killed_in_round(config: Path, run_dir: Path, monkeypatch, round_: int, f
     Ctrl-C: the checkpoints of the rounds before it stay in ``run_dir``."""
     import pytest
 
-    from fedmtl.federated.engine import Simulation
+    from fedmtl.federated.rounds import Round
 
-    original = Simulation._train_client
+    original = Round.train_client
 
     def killed(self, *args):
-        if self.round == round_:
+        if self.number == round_:
             raise KeyboardInterrupt("killed")
         return original(self, *args)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Simulation, "_train_client", killed)
+        patch.setattr(Round, "train_client", killed)
         with pytest.raises(KeyboardInterrupt):
             (fit_run or fit)(config, run_dir)
 
@@ -153,11 +153,30 @@ def read_results(run_dir: Path) -> dict:
 
 
 def client_states(run_dir: Path, clients: int = TINY_CLIENTS) -> list[dict]:
-    """Every client's stored state (federated track and ``personal``) in the latest checkpoint."""
+    """Every client's state (federated track and ``personal``) as the run's latest checkpoint
+    leaves it: its stored state with its pending receipts applied."""
+    return run_states(run_dir)[:clients]
+
+
+def stored_states(run_dir: Path, clients: int = TINY_CLIENTS) -> list[dict]:
+    """Every client's stored state in the latest checkpoint, its pending receipts not applied."""
     from fedmtl.federated import checkpoint
 
     folder = checkpoint.latest(run_dir)
     return [checkpoint.load_client(folder, i) for i in range(clients)]
+
+
+def run_states(run_dir: Path) -> list[dict]:
+    """:func:`fedmtl.federated.engine.checkpoint_states` of a finished run's directory."""
+    from fedmtl.cli import _instantiate, _run_parser
+    from fedmtl.federated import rundir
+    from fedmtl.federated.engine import checkpoint_states
+
+    parser = _run_parser()
+    cfg_ns = rundir.read_config(parser, run_dir / "config.yaml")
+    cfg_ns.run_dir = str(run_dir)
+    cfg_ns.logger.wandb = False
+    return checkpoint_states(_instantiate(parser, cfg_ns))
 
 
 # ---------------------------------------------------------------------------- a hand round

@@ -204,16 +204,16 @@ def test_build_dataset_passes_the_selection_to_a_dataset_with_human_parts(root, 
 
 
 def test_the_engine_builds_client_datasets_with_the_configured_selection(root):
-    from fedmtl.federated.engine import Simulation
+    from fedmtl.federated.clients import Clients
 
     spec = SimpleNamespace(dataset="pascal_context", tasks=("human_parts",), train_indices=CLIENT)
     for selection, expected in (("public", PUBLIC_PARTS_ONLY), ("correct", CORRECT_PARTS_ONLY)):
         cfg = SimpleNamespace(data=DataConfig(root=str(root), human_parts_selection=selection), seed=0)
-        sim = SimpleNamespace(
-            cfg=cfg, _spec=lambda i: spec, _img_size=lambda i: (H, W), _samples=None, _datasets={}
+        clients = SimpleNamespace(
+            cfg=cfg, spec=lambda i: spec, img_size=lambda i: (H, W), _samples=None, _datasets={}
         )
-        assert Simulation._dataset(sim, 0, "train").ids == expected
-        assert Simulation._dataset(sim, 0, "val").ids == ["i9", "i6", "i4", "i3", "i0"]
+        assert Clients.dataset(clients, 0, "train").ids == expected
+        assert Clients.dataset(clients, 0, "val").ids == ["i9", "i6", "i4", "i3", "i0"]
 
 
 def test_a_bad_selection_is_refused_naming_the_field_the_values_and_the_fix(root):

@@ -160,17 +160,17 @@ def test_training_drops_the_last_incomplete_batch_and_evaluation_does_not(tmp_pa
 
 
 def test_clients_start_from_one_encoder_and_their_own_decoders_and_heads(tmp_path, data_root, monkeypatch):
-    from fedmtl.federated.engine import Simulation
+    from fedmtl.federated.clients import Clients
 
     starts = {}
-    initial = Simulation._initial_state
+    initial = Clients.initial_state
 
     def recording(self, i):
         state = initial(self, i)
         starts[i] = state["model"]
         return state
 
-    monkeypatch.setattr(Simulation, "_initial_state", recording)
+    monkeypatch.setattr(Clients, "initial_state", recording)
     fit(tiny_config(tmp_path, data_root, rounds=1), tmp_path / "run")
     a, b, mt = starts[0], starts[1], starts[2]
     encoder = [k for k in a if k.startswith("encoder.")]

@@ -30,19 +30,19 @@ HOLDER = """
 import sys, time
 from pathlib import Path
 from fedmtl.cli import main
-from fedmtl.federated.engine import Simulation
+from fedmtl.federated.rounds import Round
 
 gate = Path(sys.argv[1])
-train = Simulation._train_client
+train = Round.train_client
 
 def waiting(self, *args):
-    if self.round == 2:
+    if self.number == 2:
         (gate / "in_round_2").touch()
         while not (gate / "go").exists():
             time.sleep(0.05)
     return train(self, *args)
 
-Simulation._train_client = waiting
+Round.train_client = waiting
 sys.argv = ["fedmtl", *sys.argv[2:]]
 sys.exit(main(sys.argv[1:]))
 """

@@ -1,7 +1,9 @@
 """Run checkpoints: one folder per round, published atomically.
 
-    RUN_DIR/checkpoints/round_0007/server.pt          round, server (aggregator) state, history
+    RUN_DIR/checkpoints/round_0007/server.pt          round, server state, history, receipts
     RUN_DIR/checkpoints/round_0007/client_0003.pt     one client's state (see store.py)
+    RUN_DIR/checkpoints/round_0007/client_0003.optim.pt   its optimiser state (a disk store's)
+    RUN_DIR/checkpoints/round_0007/rows_r0007_client_0003.delta.f32   a row its receipt names
     RUN_DIR/checkpoints/round_0007/SHA256SUMS         every file's sha256 (integrity.py)
     RUN_DIR/checkpoints/latest                        the name of the newest complete folder
 
@@ -25,8 +27,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from fedmtl.federated import integrity
-from fedmtl.federated.store import ClientState, atomic_save, safe_load, writing
+from fedmtl.federated.store import ClientState, atomic_save, join_state, safe_load, training_file, writing
 
 _ROUND = re.compile(r"round_\d{4,}")  # a round folder's name (not .tmp, not .superseded)
 SUPERSEDED = ".superseded"  # suffix of a complete folder a rerun of its round replaced
@@ -65,22 +70,75 @@ def write_client(run_dir: str | Path, round_: int, client: int, state: ClientSta
     integrity.record(path)  # its sha256, for SHA256SUMS
 
 
-def link_client(run_dir: str | Path, round_: int, client: int, stored: Path) -> None:
-    """The client's checkpoint file as a hard link to its disk-store file, which holds the
-    same bytes ``write_client`` would write: no copy of a thousand states. The store only ever
-    replaces its files (a new file renamed over the name), so the link keeps this round's
-    bytes. A file system without hard links gets a copy. Synced before it is recorded."""
+def link_client(run_dir: str | Path, round_: int, client: int, stored: list[Path]) -> None:
+    """The client's checkpoint files as hard links to its disk-store files (its parameters,
+    and its optimiser state apart), which hold the same bytes ``write_client`` would write:
+    no copy of a thousand states. The store only ever replaces its files (a new file renamed
+    over the name), so the links keep this round's bytes. A file system without hard links
+    gets a copy. Synced before they are recorded."""
     path = staging_dir(run_dir, round_) / f"client_{client:04d}.pt"
+    for source in stored:
+        link_file(source, path if source.name.endswith(f"{client:04d}.pt") else training_file(path))
+
+
+def link_file(source: Path, path: Path) -> None:
+    """``path`` as a hard link to (or a copy of) ``source``, synced and recorded."""
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # a rerun of a staging folder
         try:
-            os.link(stored, path)
+            os.link(source, path)
         except OSError:
-            shutil.copyfile(stored, path)
+            shutil.copyfile(source, path)
         with open(path, "rb") as f:  # the store writes without fsync; a checkpoint is durable
             os.fsync(f.fileno())
     integrity.record(path)
+
+
+def _row_name(receipt_round: int, client: int, name: str) -> str:
+    return f"rows_r{receipt_round:04d}_client_{client:04d}.{name}.f32"
+
+
+def write_row(
+    run_dir: str | Path,
+    round_: int,
+    receipt_round: int,
+    client: int,
+    name: str,
+    source: Path | None,
+    row: Any = None,
+) -> None:
+    """A row that a pending receipt of ``client`` names (of round ``receipt_round``): linked
+    from its row file ``source``, or written from ``row``."""
+    path = staging_dir(run_dir, round_) / _row_name(receipt_round, client, name)
+    if source is not None:
+        link_file(source, path)
+        return
+    data = row.detach().to("cpu", torch.float32).contiguous().numpy()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with writing(path, tmp, needed=data.nbytes):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    integrity.record(path)
+
+
+def load_row(folder: Path, receipt_round: int, client: int, name: str, numel: int) -> Any:
+    """A pending receipt's row from checkpoint ``folder`` (see :func:`write_row`)."""
+    path = folder / _row_name(receipt_round, client, name)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {folder} has no row {name!r} of client {client}'s receipt of round {receipt_round} ({path.name})"
+        )
+    data = np.fromfile(path, dtype=np.float32)
+    if data.size != numel:
+        raise ValueError(
+            f"{path} holds {data.size} numbers, not the {numel} of a row; resume from another checkpoint"
+        )
+    return torch.from_numpy(data)
 
 
 def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 2) -> Path:
@@ -183,8 +241,16 @@ def load_server(folder: Path) -> dict[str, Any]:
     return integrity.finite(safe_load(folder / "server.pt"), folder / "server.pt", "the server state")
 
 
-def load_client(folder: Path, client: int) -> ClientState:
+def load_client(folder: Path, client: int, params_only: bool = False) -> ClientState:
+    """Client ``client``'s state in checkpoint ``folder`` (``params_only``: without the optimiser
+    and schedule state a disk store keeps apart)."""
     path = folder / f"client_{client:04d}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no state for client {client} ({path.name})")
-    return integrity.finite(safe_load(path), path, f"client {client}'s state")
+    state = integrity.finite(safe_load(path), path, f"client {client}'s state")
+    training = training_file(path)
+    if params_only or not training.is_file():
+        return state
+    return join_state(
+        state, integrity.finite(safe_load(training), training, f"client {client}'s optimiser state")
+    )

@@ -61,15 +61,21 @@ def record(path: Path) -> None:
 
 
 def seal(staging: Path) -> None:
-    """Rank 0, once every file of a round is written: ``SHA256SUMS`` lists each ``.pt`` file."""
+    """Rank 0, once every file of a round is written: ``SHA256SUMS`` lists each ``.pt`` file
+    and each receipt's row (``.f32``)."""
     lines = []
-    for path in sorted(staging.glob("*.pt")):
+    for path in _checkpointed(staging):
         sidecar = _sidecar(path)
         digest = sidecar.read_text().split()[0] if sidecar.is_file() else sha256_file(path)
         lines.append(f"{digest}  {path.name}\n")
     atomic_write_text(staging / CHECKSUMS, "".join(lines))
-    for path in staging.glob(".*.pt.sha256"):
+    for path in [*staging.glob(".*.pt.sha256"), *staging.glob(".*.f32.sha256")]:
         path.unlink()
+
+
+def _checkpointed(folder: Path) -> list[Path]:
+    """The files of a checkpoint folder that SHA256SUMS lists."""
+    return sorted([*folder.glob("*.pt"), *folder.glob("*.f32")])
 
 
 def _listed(sums: Path) -> dict[str, str] | None:
@@ -100,7 +106,7 @@ def _verify(folder: Path) -> str | None:
             return f"{path} is missing (it is listed in {sums.name})"
         if sha256_file(path) != digest:
             return f"{path} does not match the sha256 recorded in {sums.name} when it was written (it changed on disk)"
-    unlisted = sorted(p.name for p in folder.glob("*.pt") if p.name not in listed)
+    unlisted = [p.name for p in _checkpointed(folder) if p.name not in listed]
     if unlisted:
         return f"{folder / unlisted[0]} is not listed in {sums.name} (it was not written with the checkpoint)"
     return None

@@ -59,8 +59,10 @@ class Pool:
         self._local = {}
         for k, (i, task) in enumerate(mine):
             self._local.setdefault(i, []).append((k, task))
-        self.prev = torch.empty(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
-        self.delta = torch.empty(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
+        # Zeros until a client's rows are written: a client that is not loaded this round
+        # (it does not train, and the method does not read it) gives zero rows.
+        self.prev = torch.zeros(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
+        self.delta = torch.zeros(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
 
     def rows_of(self, client: int) -> list[tuple[int, str]]:
         """(row on this rank, task) of each of ``client``'s rows."""

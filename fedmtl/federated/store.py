@@ -186,8 +186,50 @@ def safe_load(path: str | Path, mmap: bool = False) -> Any:
         ) from err
 
 
+#: The parts of a training track (``methods.base.Track``) that are optimiser and schedule state,
+#: stored apart from the parameters so that evaluation reads the parameters alone.
+TRAINING_KEYS = ("optimizer", "scheduler")
+
+
+def split_state(state: ClientState) -> tuple[ClientState, dict[str, Any]]:
+    """``state`` as (its parameters and everything else, its tracks' optimiser and schedule
+    state by path): a track is any dict with a ``"model"``, at any depth (Ditto keeps a second
+    track in its personal state)."""
+    training: dict[str, Any] = {}
+
+    def walk(tree: Any, path: str) -> Any:
+        if not isinstance(tree, dict):
+            return tree
+        track = "model" in tree
+        out = {}
+        for key, value in tree.items():
+            if track and key in TRAINING_KEYS:
+                training[f"{path}{key}"] = value
+                out[key] = None
+            else:
+                out[key] = walk(value, f"{path}{key}/")
+        return out
+
+    return walk(state, ""), training
+
+
+def join_state(params: ClientState, training: dict[str, Any]) -> ClientState:
+    """The inverse of :func:`split_state` (in place on ``params``)."""
+    for path, value in training.items():
+        *parents, key = path.split("/")
+        node = params
+        for name in parents:
+            node = node[name]
+        node[key] = value
+    return params
+
+
 class ClientStore:
-    """Client states by client index, kept in host memory or as files under ``directory``."""
+    """Client states by client index, kept in host memory or as files under ``directory``.
+
+    A disk store keeps a client's parameters (and the method's personal state) apart from its
+    optimiser and schedule state, ``client_0007.pt`` and ``client_0007.optim.pt``, so that an
+    evaluation reads the first alone."""
 
     def __init__(self, kind: str = "memory", directory: str | Path | None = None) -> None:
         if kind not in ("memory", "disk"):
@@ -202,28 +244,39 @@ class ClientStore:
         assert self.directory is not None
         return self.directory / f"client_{client:04d}.pt"
 
+    def _training_path(self, client: int) -> Path:
+        return training_file(self._path(client))
+
     def put(self, client: int, state: ClientState) -> None:
         state = to_host(state)
         if self.kind == "memory":
             self._states[client] = state
+            return
+        # Scratch (a crash resumes from the checkpoint), so no fsync: the disk catches up
+        # while the next client trains. A checkpoint that links the files syncs them.
+        params, training = split_state(state)
+        if any(value is not None for value in training.values()):
+            atomic_save(training, self._training_path(client), durable=False)
         else:
-            # Scratch (a crash resumes from the checkpoint), so no fsync: the disk catches up
-            # while the next client trains. A checkpoint that links the file syncs it.
-            atomic_save(state, self._path(client), durable=False)
+            self._training_path(client).unlink(missing_ok=True)
+        atomic_save(params, self._path(client), durable=False)
 
-    def get(self, client: int, partly: bool = False) -> ClientState:
-        """``client``'s state; ``partly``: the caller reads only a part of it (the model, to
-        evaluate it), so a disk store maps the file instead of reading all of it."""
+    def get(self, client: int, params_only: bool = False) -> ClientState:
+        """``client``'s state; ``params_only``: without its optimiser and schedule state (an
+        evaluation), which a disk store then does not read."""
         if self.kind == "memory":
             return self._states[client]
-        return safe_load(self._path(client), mmap=partly)
+        state = safe_load(self._path(client))
+        training = self._training_path(client)
+        if params_only or not training.is_file():
+            return state
+        return join_state(state, safe_load(training))
 
-    def file_of(self, client: int) -> Path | None:
-        """The file holding ``client``'s state (a disk store that has one), else None."""
+    def files_of(self, client: int) -> list[Path]:
+        """The files holding ``client``'s state (a disk store that has them), else []."""
         if self.kind != "disk":
-            return None
-        path = self._path(client)
-        return path if path.is_file() else None
+            return []
+        return [p for p in (self._path(client), self._training_path(client)) if p.is_file()]
 
     def clear(self) -> None:
         """Forget every state (a disk store removes its files; the checkpoint keeps a copy)."""
@@ -233,3 +286,8 @@ class ClientStore:
 
     def __contains__(self, client: int) -> bool:
         return client in self._states if self.kind == "memory" else self._path(client).is_file()
+
+
+def training_file(path: Path) -> Path:
+    """The file beside a client's state file that holds its optimiser and schedule state."""
+    return path.with_name(path.name.replace(".pt", ".optim.pt"))

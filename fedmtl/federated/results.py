@@ -1,0 +1,167 @@
+"""What a run keeps of itself: its metrics history, its communication cost, and results.json.
+
+:class:`RunRecord` is checkpointed with the server state (history and traffic) and builds the
+results file: the final metrics per client and task of the model the method reports, those of
+any other model it evaluates, the server's values, per-task summaries, the communication cost,
+the availability totals, the unified model's tasks, the held-out clients, and each client's
+training images and dominant-class histogram.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from fedmtl.aggregation import communication
+from fedmtl.config import RunConfig
+from fedmtl.federated import availability, evaluation, held_out
+from fedmtl.federated.client import ClientSpec
+from fedmtl.federated.clients import Clients
+from fedmtl.federated.scenario import TrainedImages, class_histograms
+from fedmtl.methods.base import Method
+from fedmtl.tasks import get_task
+
+Results = dict[str, dict[str, dict[str, float]]]  # {label: {client: {task: value}}}
+
+
+class RunRecord:
+    """A run's history of evaluations and its bytes sent and received so far."""
+
+    def __init__(
+        self, cfg: RunConfig, clients: Clients, method: Method, labels: list[str], part_bytes: Any
+    ) -> None:
+        self.cfg, self.clients, self.method, self.labels = cfg, clients, method, labels
+        self.part_bytes = part_bytes
+        self.history: list[dict[str, Any]] = []
+        # Bytes each client sent and received so far, by pool, and the rounds they cover (a
+        # checkpoint keeps them: dropped updates make the cost depend on the run, not the config).
+        self.traffic: communication.Totals = {}
+        self.traffic_rounds = 0
+        # Computed for results.json (rank 0), federated then held-out clients.
+        self._histograms: list[dict[str, int] | None] | None = None
+        self._train_images: list[int] = []
+
+    def add_traffic(self, traffic: Any) -> None:
+        communication.add_round(self.traffic, self.clients.names, traffic)
+        self.traffic_rounds += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        # The cost as JSON text: pickling the dict would share the client-name strings it has
+        # in common with the history only in an uninterrupted run, and the checkpoint's bytes
+        # would depend on whether the run was resumed.
+        return {
+            "history": self.history,
+            "communication": {"rounds": self.traffic_rounds, "totals": json.dumps(self.traffic)},
+        }
+
+    def load_state_dict(self, server: dict[str, Any]) -> None:
+        self.history = server["history"]
+        # A checkpoint written before the cost was counted has none: its rounds go uncounted.
+        counted = server.get("communication", {"rounds": 0, "totals": "{}"})
+        self.traffic, self.traffic_rounds = json.loads(counted["totals"]), int(counted["rounds"])
+
+    def summary(self, results: Results, rounds: int, is_zero: bool) -> dict[str, Any]:
+        """The results.json content: the run's seed, the final metrics per client and task of the
+        model the method reports (``evaluated``), those of any other model it evaluates
+        (``also_evaluated``), and the server's values."""
+        specs, held = self.clients.specs, self.clients.held_out
+        datasets = self.clients.datasets_of
+
+        def metric(label: str, client: str, task: str) -> float | None:
+            value = results.get(label, {}).get(client, {}).get(task, math.nan)
+            return None if math.isnan(value) else value  # JSON has no NaN: null
+
+        def table(label: str, specs: list[ClientSpec] = specs) -> dict[str, Any]:
+            return {
+                s.name: {
+                    "dataset": s.dataset,
+                    "tasks": list(s.tasks),
+                    "metrics": {t: {get_task(t).metric_name: metric(label, s.name, t)} for t in s.tasks},
+                }
+                for s in specs
+            }
+
+        summary = {
+            "rounds": rounds,
+            "algorithm": type(self.method).__name__,
+            "seed": self.cfg.seed,  # fedmtl report pairs runs of different methods by seed
+            "evaluated": self.labels[0],
+            "clients": table(self.labels[0]),
+            "server": self.method.log_values(),
+            # Per dataset and task, across clients: mean, standard deviation, clients counted
+            "tasks": evaluation.task_summary(results.get(self.labels[0], {}), datasets),
+            # Bytes up and down, per client by pool and in all (docs/evaluation.md, "Communication cost")
+            "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
+        }
+        if self.cfg.availability.enabled:
+            summary["availability"] = self._availability_totals(rounds)
+        if len(self.labels) > 1:
+            summary["also_evaluated"] = {label: table(label) for label in self.labels[1:]}
+        if self.clients.head_groups:
+            summary["unified"] = self._unified(summary["clients"])
+        if held:
+            clients = table(held_out.LABEL, held)
+            for spec in held:
+                clients[spec.name]["fine_tune_epochs"] = spec.fine_tune_epochs
+            summary["held_out"] = {
+                "clients": clients,
+                "tasks": evaluation.task_summary(results.get(held_out.LABEL, {}), datasets),
+            }
+        if is_zero:
+            self._record_partition(
+                summary["clients"],
+                *summary.get("also_evaluated", {}).values(),
+                *([summary["held_out"]["clients"]] if held else []),
+            )
+        # Evaluated models (or their predictions) with NaN/inf: their metrics are null above.
+        nonfinite = {
+            label: [c for c, tasks in results[label].items() if any(math.isnan(v) for v in tasks.values())]
+            for label in self.labels
+            if label in results
+        }
+        if any(nonfinite.values()):
+            summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
+        return summary
+
+    def _record_partition(self, *tables: dict[str, Any]) -> None:
+        """Each client's ``train_images`` (the images it trains on) and ``class_histogram``
+        (those images per dominant class), into its entries of ``tables`` (the federation's
+        clients, under each evaluated model, and the held-out ones). The histograms read every
+        training label once; only rank 0, which writes results.json, computes them."""
+        specs = [*self.clients.specs, *self.clients.held_out]
+        if self._histograms is None:
+            trained = TrainedImages(self.cfg)  # one read of each subset-keeping dataset for both
+            self._histograms = class_histograms(self.cfg, specs, trained)
+            self._train_images = [c.num_samples for c in self.clients.info] + [
+                len(trained(s.dataset, s.tasks, s.train_indices)) for s in self.clients.held_out
+            ]
+        for spec, count, histogram in zip(specs, self._train_images, self._histograms, strict=True):
+            for table in tables:
+                if spec.name in table:
+                    table[spec.name]["train_images"] = count
+                    table[spec.name]["class_histogram"] = histogram
+
+    def _availability_totals(self, rounds: int) -> dict[str, Any]:
+        """The run's availability settings and its unavailable and straggling client-rounds over
+        rounds 1..``rounds``, drawn again from the seed (a resumed run counts every round)."""
+        config = self.cfg.availability
+        counts = availability.totals(
+            config, self.cfg.seed, rounds, len(self.clients), self.method.participants
+        )
+        return {**dataclasses.asdict(config), **counts}
+
+    def _unified(self, clients: dict[str, Any]) -> dict[str, Any]:
+        """The unified model's metric per task (``dataset/task``), for a method that shares
+        heads: in the unified-model setting (encoders over all, decoders and heads per task)
+        the clients of a task hold the same parameters and differ only in their local
+        BatchNorm statistics, so the task's value is the mean over them (null if one is null)."""
+        out = {}
+        specs = self.clients.specs
+        for dataset, task, owners in self.clients.head_groups:
+            name = get_task(task).metric_name
+            values = [clients[specs[i].name]["metrics"][task][name] for i in owners]
+            mean = None if any(v is None for v in values) else sum(values) / len(values)
+            out[f"{dataset}/{task}"] = {name: mean, "clients": [specs[i].name for i in owners]}
+        return out

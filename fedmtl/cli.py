@@ -490,7 +490,9 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
     import contextlib
 
-    from fedmtl.federated import integrity, manifest, preflight, rundir, runlock
+    # Here, not at the top: the engine and the resume checks import the data and model stack,
+    # which `fedmtl --help` and the other quick commands never need (tests/test_startup.py).
+    from fedmtl.federated import manifest, preflight, resume_checks, rundir, runlock
     from fedmtl.federated.engine import run
     from fedmtl.federated.scenario import count_clients
     from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
@@ -509,7 +511,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
     preflight.check_scenario(cfg)
-    inputs = integrity.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
+    inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
     run_dir = Path(cfg.run_dir)
     # One writer per run directory: the leader locks it (creating it), checks it again (another
@@ -518,7 +520,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
         if leader:
             fresh = _check_run_dir(parser, cfg, cfg_ns)
             if fresh != checked_fresh:  # another process published or removed a checkpoint meanwhile
-                inputs = integrity.check_inputs(cfg, resume=not fresh)
+                inputs = resume_checks.check_inputs(cfg, resume=not fresh)
             ranks = cfg.devices * cfg.num_nodes
             if cfg.overwrite and not cfg.resume:
                 note = manifest.clear(run_dir, cfg.rounds, ranks)  # only what the previous run wrote
@@ -527,7 +529,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
             manifest.record(run_dir, cfg.rounds, ranks)  # before the run writes any of it
             if fresh:
                 atomic_write_text(run_dir / "config.yaml", parser.dump(cfg_ns, skip_none=False))
-            integrity.record_inputs(cfg, inputs, fresh, parser)
+            resume_checks.record_inputs(cfg, inputs, fresh, parser)
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
         summary = run(cfg, config_dict=cfg_ns.as_dict())
@@ -543,7 +545,8 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
 def _evaluate(args: Namespace, command: str) -> None:
     import contextlib
 
-    from fedmtl.federated import manifest, rundir, runlock
+    # Here, not at the top: see _fit.
+    from fedmtl.federated import manifest, resume_checks, rundir, runlock
     from fedmtl.federated.engine import evaluate_checkpoint
 
     rundir.check_path(args.run_dir, command)
@@ -570,9 +573,7 @@ def _evaluate(args: Namespace, command: str) -> None:
     # It writes {command}_results.json (and, with store: disk, the client store): one writer.
     with runlock.hold(run_dir, command) if leader else contextlib.nullcontext():
         if leader:
-            from fedmtl.federated import integrity
-
-            integrity.check_inputs(cfg, resume=True, doing=command)  # checkpoint and data are the run's
+            resume_checks.check_inputs(cfg, resume=True, doing=command)  # checkpoint and data are the run's
             manifest.record(run_dir, cfg.rounds, cfg.devices * cfg.num_nodes)
         summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")
         if summary is not None:  # global rank 0

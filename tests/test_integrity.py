@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +280,20 @@ def test_a_run_written_before_checksums_and_fingerprints_still_resumes(finished,
         f"data under {_run_parser().parse_path(str(finished[0])).data.root} is not compared with the run's"
     )
     assert "the run finished its 2 rounds" in err[-1]
+
+
+def test_importing_integrity_does_not_import_checkpoint():
+    """integrity holds the checksums that checkpoint uses; the resume checks that read
+    checkpoints live in resume_checks, so there is no import circle between the two."""
+    script = (
+        "import sys, fedmtl.federated.integrity; "
+        "print('fedmtl.federated.checkpoint' in sys.modules, 'fedmtl.federated.resume_checks' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],  # this checkout's fedmtl
+    )
+    assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr

@@ -1,6 +1,6 @@
-"""Integrity of what a run reads back: its checkpoints and its data.
+"""Checkpoint checksums: that the files of a round folder are the ones written.
 
-Checkpoints. Every file of a round folder is listed with its sha256 in ``SHA256SUMS``
+Every file of a round folder is listed with its sha256 in ``SHA256SUMS``
 (``sha256sum -c SHA256SUMS`` checks it by hand), written before the folder is published:
 each rank records the digest of the client files it wrote (:func:`record`, a small file next
 to each), rank 0 collects them (:func:`seal`). sha256 rather than blake2b: OpenSSL's sha256
@@ -10,27 +10,23 @@ the standard tool verifies it. A resume or a validate hashes the folder it would
 does, and the note names the file and the skipped folder. Loaded states are checked finite
 (:func:`finite`): a NaN a checksum cannot catch (the file was rewritten whole) is refused.
 
-Data. A fresh fit records ``RUN_DIR/data_fingerprint.json``: per dataset, the split files'
-sha256, their image counts and the size of every file the loaders read, by path relative to
-the dataset folder (the same data under another root matches). A resume or a validate
-compares the data under its ``data.root`` with it and refuses a difference, naming it.
+The checks a resume or a validate makes of its inputs (the checkpoint it reads, the data it
+trains on) are in :mod:`fedmtl.federated.resume_checks`, which builds on these.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from fedmtl.federated import rundir
+import torch
+
 from fedmtl.federated.health import all_finite, tensors_in
 from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
 
 CHECKSUMS = "SHA256SUMS"
-FINGERPRINT = "data_fingerprint.json"
 SHOWN = 3  # differences named per kind in a message
 
 # Folder -> (stat of each file, problem): a resume hashes the folder it reads in the CLI and
@@ -163,8 +159,6 @@ def finite(state: Any, path: Path, what: str) -> Any:
 
 
 def _named_tensors(tree: Any, prefix: str = "") -> Any:
-    import torch
-
     if isinstance(tree, torch.Tensor):
         yield prefix or "tensor", tree
     elif isinstance(tree, dict):
@@ -173,151 +167,3 @@ def _named_tensors(tree: Any, prefix: str = "") -> Any:
     elif isinstance(tree, list | tuple):
         for i, value in enumerate(tree):
             yield from _named_tensors(value, f"{prefix}[{i}]")
-
-
-# --------------------------------------------------------------------------- data
-
-
-def _relative(path: Path, folder: Path) -> str:
-    return path.relative_to(folder).as_posix()
-
-
-def data_fingerprint(cfg: Any) -> dict[str, Any]:
-    """Per dataset the run reads: its split files (sha256, image count) and the size of every
-    file the loaders read for the run's tasks, by path relative to the dataset folder."""
-    from fedmtl.data.datasets import DATASETS, dataset_root
-    from fedmtl.data.layout import SPLITS, read_split
-
-    out: dict[str, Any] = {}
-    for name in sorted({g.dataset for g in cfg.clients}):
-        spec = DATASETS.get(name)
-        tasks = [t for t in spec.tasks if any(t in g.tasks for g in cfg.clients if g.dataset == name)]
-        folder = dataset_root(spec, cfg.data.resolved_root())
-        # A dataset object that only names its files: building a real one reads labels.
-        namer = spec.dataset_class.__new__(spec.dataset_class)
-        namer.root, namer.tasks, namer.layout = folder, tuple(tasks), spec.dataset_class.layout_class(folder)
-        splits: dict[str, Any] = {}
-        sizes: dict[str, int | None] = {}
-        for split in SPLITS:
-            path = namer.layout.split_file(split)
-            if not path.is_file():
-                continue
-            ids = read_split(path)
-            splits[split] = {"file": _relative(path, folder), "sha256": sha256_file(path), "images": len(ids)}
-            for image_id in ids:
-                for _, candidates in namer._files(image_id):
-                    found = next((p for p in candidates if p.is_file()), None)
-                    sizes[_relative(found or candidates[0], folder)] = found.stat().st_size if found else None
-        for path in namer._meta_files():
-            sizes[_relative(path, folder)] = path.stat().st_size if path.is_file() else None
-        out[name] = {
-            "folder": folder.name,
-            "tasks": tasks,
-            "splits": splits,
-            "files": dict(sorted(sizes.items())),
-        }
-    return {"version": 1, "datasets": out}
-
-
-def _named(items: list[str]) -> str:
-    return ", ".join(items[:SHOWN]) + (f" and {len(items) - SHOWN:,} more" if len(items) > SHOWN else "")
-
-
-def data_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What differs between two :func:`data_fingerprint`\\ s, in words."""
-    out = []
-    for name in sorted(set(saved["datasets"]) | set(now["datasets"])):
-        old, new = saved["datasets"].get(name), now["datasets"].get(name)
-        if old is None or new is None:
-            out.append(f"{name} is {'not read now' if new is None else 'read now'}, unlike in the run")
-            continue
-        for split in sorted(set(old["splits"]) | set(new["splits"])):
-            a, b = old["splits"].get(split), new["splits"].get(split)
-            if b is None:
-                out.append(f"{name} has no {split} split file ({a['file']}), the run's data had one")
-            elif a is None:
-                out.append(f"{name} has a {split} split file ({b['file']}), the run's data had none")
-            elif a["images"] != b["images"]:
-                out.append(
-                    f"{name} {split} split ({b['file']}) lists {b['images']:,} images, the run's {a['images']:,}"
-                )
-            elif a["sha256"] != b["sha256"]:
-                out.append(f"{name} {split} split ({b['file']}) lists other images than the run's (as many)")
-        folder = new["folder"]
-        files_old, files_new = old["files"], new["files"]
-        resized = [
-            f"{folder}/{k} ({files_old[k]} -> {files_new[k]} bytes)"
-            for k in files_old
-            if k in files_new and files_old[k] != files_new[k]
-        ]
-        gone = [f"{folder}/{k}" for k in files_old if k not in files_new]
-        added = [f"{folder}/{k}" for k in files_new if k not in files_old]
-        if resized:
-            out.append(f"{len(resized):,} file(s) differ in size: {_named(resized)}")
-        if gone:
-            out.append(f"{len(gone):,} file(s) the run read are not read now: {_named(gone)}")
-        if added:
-            out.append(f"{len(added):,} file(s) are read now that the run did not read: {_named(added)}")
-    return out
-
-
-def check_inputs(cfg: Any, resume: bool, doing: str = "resume") -> dict[str, Any]:
-    """The leader, before any process starts or anything is written: a resumed (or validated)
-    run's checkpoint holds finite states only, and its data is the run's. Returns the data's
-    fingerprint, for :func:`record_inputs`."""
-    from fedmtl.federated import checkpoint
-    from fedmtl.federated.scenario import count_clients
-
-    run_dir = Path(cfg.run_dir)
-    fingerprint = data_fingerprint(cfg)
-    if not resume:
-        return fingerprint
-    folder, _ = checkpoint.resumable(run_dir)
-    if folder is not None:  # the engine reads them again: a NaN found there would stop one rank only
-        checkpoint.load_server(folder)
-        for client in range(count_clients(cfg)):
-            checkpoint.load_client(folder, client)
-    saved_path = run_dir / FINGERPRINT
-    if not saved_path.is_file():
-        print(
-            f"{doing}: {run_dir} has no {FINGERPRINT} (the run is older than fedmtl's data check): the data "
-            f"under {cfg.data.resolved_root()} is not compared with the run's",
-            file=sys.stderr,
-        )
-        return fingerprint
-    try:
-        saved = json.loads(saved_path.read_text())
-        differences = data_differences(saved, fingerprint)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise ValueError(
-            f"{saved_path} is damaged (it records the data the run was trained on); nothing was changed. "
-            "Restore it, or start a new run with another --run_dir"
-        ) from None
-    if differences:
-        where = "--data.root" if doing == "resume" else f"data.root in {run_dir / 'config.yaml'}"
-        raise ValueError(
-            f"{doing}: the data under data.root {cfg.data.resolved_root()} differs from the data this run "
-            f"was trained on ({saved_path}): {'; '.join(differences)}. Point {where} at the run's data, "
-            "or start a new run with another --run_dir; nothing was changed"
-        )
-    return fingerprint
-
-
-def record_inputs(cfg: Any, fingerprint: dict[str, Any], fresh: bool, parser: Any) -> None:
-    """A fresh run records its data's fingerprint; a resume from another data root (whose data
-    matched) records that root in config.yaml, which ``fedmtl validate`` reads."""
-    from fedmtl.config import DataConfig
-
-    run_dir = Path(cfg.run_dir)
-    if fresh:
-        atomic_write_text(run_dir / FINGERPRINT, json.dumps(fingerprint, indent=1) + "\n")
-        return
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        return
-    ns = rundir.read_config(parser, saved)
-    used = cfg.data.resolved_root()
-    if Path(DataConfig(root=ns.data.root).resolved_root()).resolve() == Path(used).resolve():
-        return
-    ns.data.root = used
-    atomic_write_text(saved, parser.dump(ns, skip_none=False))

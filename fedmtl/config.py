@@ -101,6 +101,10 @@ class OptimizerConfig:
             (0: none).
         warmup_lr: learning rate at the first warm-up epoch.
         min_lr: floor of the cosine, at most lr.
+        keep_state: keep each client's AdamW moments and schedule across rounds, as the public
+            FedHCA² code does (true); false: a fresh AdamW every round, so a client stores only
+            its parameters (and the method's personal state); the learning rate follows the same
+            schedule over the client's epochs either way.
     """
 
     lr: float = 1e-4
@@ -108,6 +112,7 @@ class OptimizerConfig:
     warmup_epochs: int = 5
     warmup_lr: float = 1.25e-7
     min_lr: float = 1.25e-6
+    keep_state: bool = True
 
     def __post_init__(self) -> None:
         # A client group's optimizer cannot know the group's index: "clients[]" stands for it.
@@ -117,6 +122,11 @@ class OptimizerConfig:
         _at_least(f"{name}.warmup_epochs", self.warmup_epochs, 0, " (0: no warm-up)")
         _non_negative(f"{name}.warmup_lr", self.warmup_lr)
         _non_negative(f"{name}.min_lr", self.min_lr)
+        if not isinstance(self.keep_state, bool):
+            raise ValueError(
+                f"{name}.keep_state must be true or false, got {self.keep_state!r}: true keeps each "
+                "client's AdamW state across rounds (the default), false starts a fresh AdamW every round"
+            )
         # min_lr <= lr is checked by ClientGroup, where the schedule is used: FedBABU's fine-tuning
         # copies this config (dataclasses.replace, which runs this method) with its own constant
         # ft_lr, which may lie below min_lr.

@@ -1,6 +1,7 @@
-"""probes/learnability.py, probes/edge_ceiling.py, benchmarks/optimizer.py, client_speed.py and
-edge_rescore.py refuse bad options with one ``error:`` line naming the option, exit 2, before they
-generate or train anything; learnability.py's --train_size trains on crops and scores whole images.
+"""probes/learnability.py, probes/edge_ceiling.py, benchmarks/optimizer.py, client_speed.py,
+edge_rescore.py and keep_state.py refuse bad options with one ``error:`` line naming the option,
+exit 2, before they generate or train anything; learnability.py's --train_size trains on crops
+and scores whole images.
 The scripts record their tables through benchmarks/results_file.py, into ``$FEDMTL_RESULTS_DIR``
 when it is set (here, each test's own folder), as tiny runs of the cheap ones show."""
 
@@ -65,6 +66,7 @@ def _as_run_from_benchmarks(monkeypatch, tmp_path):
         ("benchmarks/client_speed", ["--repeats", "0"], "--repeats must be at least 1, got 0"),
         ("benchmarks/client_speed", ["--local_epochs", "-1"], "--local_epochs must be at least 1"),
         ("benchmarks/edge_rescore", ["--out", "nowhere"], "--out nowhere: no finished run"),
+        ("benchmarks/keep_state", ["--size", "16"], "--size must be at least 32"),
     ],
 )
 def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):
@@ -164,6 +166,15 @@ def test_optimizer_records_its_ratio_table(tmp_path):
         "| pascal_context semseg",
         "| nyud semseg+normals+edge+depth",
     ]
+
+
+def test_keep_state_records_both_client_state_sizes(tmp_path):
+    assert _script("benchmarks/keep_state").main(["--size", "32"]) == 0
+    lines = _recorded(tmp_path, "keep_state")
+    assert lines[0] == "# Client state with optimizer.keep_state true and false"
+    rows = [line.split(" | ") for line in lines if line.startswith("| ")][2:]
+    assert [row[0] for row in rows] == ["| pascal_context semseg", "| nyud semseg+normals+edge+depth"]
+    assert all(float(row[2]) < float(row[1]) and float(row[3].rstrip(" |")) < 0.5 for row in rows)
 
 
 def test_feddea_mask_records_each_call_against_the_clone(tmp_path, monkeypatch):

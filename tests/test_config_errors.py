@@ -215,6 +215,12 @@ REFUSED = {
     "optimizer.warmup_epochs -1": (_optimizer(warmup_epochs=-1), [], "clients[].optimizer.warmup_epochs", ""),
     "optimizer.warmup_lr -1": (_optimizer(warmup_lr=-1.0), [], "clients[].optimizer.warmup_lr", ""),
     "optimizer.min_lr -1": (_optimizer(min_lr=-1.0), [], "clients[].optimizer.min_lr", ""),
+    "optimizer.keep_state null": (
+        _optimizer(keep_state=None),
+        [],
+        "clients[].optimizer.keep_state",
+        "true or false, got None: true keeps",
+    ),
     "optimizer.min_lr above lr": (
         _optimizer(lr=1e-4, min_lr=1e-3),
         [],
@@ -264,6 +270,28 @@ def test_a_switch_that_is_not_true_or_false_is_refused_with_one_line_naming_it(t
     lines = fit_refused(config, tmp_path / "run", capsys, "--evaluation.edge_thin_gt", "maybe")
     line = _the_one_error_line(lines)
     assert '"evaluation.edge_thin_gt"' in line and "bool" in line and "maybe" in line, line
+
+
+def test_a_client_switch_that_is_not_true_or_false_is_refused_with_one_line_naming_it(
+    tmp_path, data_root, capsys
+):
+    """clients[].optimizer.keep_state 1 in a config file: jsonargparse's line names the key and
+    the type (null, which it lets through, is refused by OptimizerConfig: REFUSED above)."""
+    config = tiny_config(tmp_path, data_root, **_optimizer(keep_state=1))
+    line = _the_one_error_line(fit_refused(config, tmp_path / "run", capsys))
+    assert '"optimizer.keep_state"' in line and "bool" in line and "1" in line, line
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_optimizer_config_refuses_a_keep_state_that_is_not_a_bool(value):
+    """Python callers, which jsonargparse does not check, get the same one-line message."""
+    from fedmtl.config import OptimizerConfig
+
+    with pytest.raises(
+        ValueError, match=r"^clients\[\]\.optimizer\.keep_state must be true or false, got "
+    ) as error:
+        OptimizerConfig(keep_state=value)
+    assert "\n" not in str(error.value) and "fresh AdamW every round" in str(error.value)
 
 
 @pytest.mark.parametrize("overrides, field, fix", FEDHCA2_REFUSED.values(), ids=FEDHCA2_REFUSED.keys())

@@ -3,7 +3,9 @@
 A track is a dict ``{"model": state dict, "optimizer": ..., "scheduler": ..., "epochs_done": n}``;
 a client's stored state is its federated track plus the method's personal state, and Ditto
 keeps a second track in there. :meth:`LocalTrainer.train` loads a track into the client's
-device model, trains it, and writes it back.
+device model, trains it, and writes it back. With the client's ``optimizer.keep_state`` false a
+track keeps no optimiser or schedule (both None): every call starts a fresh AdamW, its schedule
+positioned at the track's ``epochs_done``, so the rates are those a kept schedule gives.
 
 Freezing is ``requires_grad=False`` *and* leaving the parameters out of the optimiser, so
 AdamW's weight decay and moments cannot move them (zeroed gradients would not stop either).
@@ -113,7 +115,9 @@ class LocalTrainer:
                 same batches (Ditto's two tracks, so each matches FedAvg / Local).
             fine_tune: a fresh AdamW at this config's lr and weight decay with a constant
                 rate, whose state is not kept (FedBABU's fine-tuning); default: the track's
-                own optimiser and schedule, continued.
+                own optimiser and schedule, continued, or with the client's
+                ``optimizer.keep_state`` false, a fresh AdamW whose schedule starts at the
+                track's ``epochs_done`` (the same rates) and is not kept either.
             work: the part of each epoch trained, (0, 1]: a straggler's epoch stops after
                 ceil(work x its batches) batches (``availability.straggler_work``) and still
                 counts as an epoch (``epochs_done``, the schedule). 1: every batch.
@@ -129,10 +133,15 @@ class LocalTrainer:
         optimizer, scheduler = make_optimizer(
             [p for _, p in named], fine_tune or spec.optimizer, total_epochs
         )
-        if not fine_tune:
+        keep = not fine_tune and spec.optimizer.keep_state
+        if keep:
             load_optimizer_state(optimizer, names, track["optimizer"])
-            if track["scheduler"] is not None:
-                scheduler.load_state_dict(track["scheduler"])
+        if keep and track["scheduler"] is not None:
+            scheduler.load_state_dict(track["scheduler"])
+        elif not fine_tune and track["epochs_done"] > 0:
+            # A fresh schedule (keep_state false, or nothing stored yet) taken to where the
+            # client's epochs have brought it: the rate end_epoch set after its last epoch.
+            end_epoch(scheduler, track["epochs_done"] - 1)
         sums = torch.zeros(LOSS_COLUMNS, dtype=torch.float64, device=self.fabric.device)
         slots = [TASK_SLOTS[task] for task in spec.tasks]
         steps = 0
@@ -173,7 +182,9 @@ class LocalTrainer:
                 p.requires_grad_(True)
         # Copies: the device model is reused for the client's next track and for other clients.
         track["model"] = to_host(model.state_dict())
-        if not fine_tune:
+        if keep:
             track["optimizer"] = optimizer_state_by_name(optimizer, names, track["optimizer"])
             track["scheduler"] = scheduler.state_dict()
+        elif not fine_tune:  # keep_state false: the next round starts a fresh AdamW and schedule
+            track["optimizer"] = track["scheduler"] = None
         return (sums / max(steps, 1)).cpu()

@@ -1,9 +1,10 @@
 """probes/learnability.py, probes/edge_ceiling.py, benchmarks/optimizer.py, client_speed.py,
-edge_rescore.py and keep_state.py refuse bad options with one ``error:`` line naming the option,
-exit 2, before they generate or train anything; learnability.py's --train_size trains on crops
-and scores whole images.
-The scripts record their tables through benchmarks/results_file.py, into ``$FEDMTL_RESULTS_DIR``
-when it is set (here, each test's own folder), as tiny runs of the cheap ones show."""
+edge_rescore.py, keep_state.py and scale.py refuse bad options with one ``error:`` line naming the
+option, exit 2, before they generate or train anything; learnability.py's --train_size trains on
+crops and scores whole images; scale.py plans the issue's rows, sizes the tiny clients' data,
+measures the bytes a process writes and reports each target as a ratio. The scripts record their
+tables through benchmarks/results_file.py, into ``$FEDMTL_RESULTS_DIR`` when it is set (here, each
+test's own folder), as tiny runs of the cheap ones show."""
 
 from __future__ import annotations
 
@@ -225,3 +226,127 @@ def test_methods_records_one_file_per_part(tmp_path):
 def test_edge_ceiling_records_its_table(tmp_path):
     assert _script("probes/edge_ceiling").main(["--sizes", "32", "--num_val", "1"]) == 0
     assert _recorded(tmp_path, "edge_ceiling")[-1].startswith("| 32 | 0.34 | ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--replicas", "0"], "--replicas must be at least 1"),
+        (["--tiny-replicas", "0", "2"], "--tiny-replicas must be at least 1"),
+        (["--participation", "0"], "--participation must be in (0, 1]"),
+        (["--tiny-participation", "1.5"], "--tiny-participation must be in (0, 1]"),
+        (["--tiny-images", "0"], "--tiny-images must be at least 1, got 0"),
+        (["--tiny-batch", "3"], "--tiny-batch must be between 1 and --tiny-images 2, got 3"),
+        (["--replicas", "--tiny-replicas"], "nothing to run"),
+    ],
+)
+def test_scale_refuses_a_bad_option_before_it_measures_anything(argv, named, tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        _script("benchmarks/scale").main([*argv, "--tmp", str(tmp_path), "--data", str(tmp_path / "d")])
+    assert done.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and named in errors[0]
+    assert not any(tmp_path.iterdir())  # no disk test, no data
+
+
+def test_scale_plans_the_issue_s_rows():
+    """The default runs: the 12/102/1,002-client rows as before, then the tiny FedAvg rows (2
+    images a client, batch 2): 102 clients at participation 1, 10,002 at 0.01."""
+    scale = _script("benchmarks/scale")
+    runs = scale.plan(scale.parse_args([]))
+    assert runs[:5] == [
+        (4, "FedAvg", 1.0, "disk", None, 8),
+        (34, "FedAvg", 1.0, "disk", None, 8),
+        (34, "FedAvg", 0.1, "disk", None, 8),
+        (334, "FedAvg", 1.0, "disk", None, 8),
+        (334, "FedAvg", 0.1, "disk", None, 8),
+    ]
+    assert [run[1:3] for run in runs[5:8]] == [("FedHCA2", 1.0)] * 3
+    assert runs[8:] == [(34, "FedAvg", 1.0, "disk", 2, 2), (3334, "FedAvg", 0.01, "disk", 2, 2)]
+    assert scale.plan(scale.parse_args(["--tiny-replicas"]))[-1][4] is None
+    assert scale.plan(scale.parse_args(["--replicas", "--tiny-replicas", "2"])) == [
+        (2, "FedAvg", 1.0, "disk", 2, 2)
+    ]
+
+
+def test_scale_sizes_the_tiny_data_two_images_a_client():
+    """2R single-task PASCAL-Context clients and R NYUD-v2 clients, 2 images each."""
+    scale = _script("benchmarks/scale")
+    config = scale.probe_config(Path("d"), 3334, "FedAvg", 0.01, images_per_client=2, batch=2)
+    synth = config["data"]["synth"]
+    assert (synth["pascal_context"]["num_train"], synth["nyud"]["num_train"]) == (13336, 6668)
+    assert [group["batch_size"] for group in config["clients"]] == [2, 2]
+    assert config["algorithm"] == {"class_path": "FedAvg", "init_args": {"participation": 0.01}}
+    fixed = scale.probe_config(Path("d"), 334, "FedAvg", 1.0)["data"]["synth"]
+    assert (fixed["pascal_context"]["num_train"], fixed["nyud"]["num_train"]) == (5344, 2672)
+
+
+def test_scale_measures_the_bytes_a_process_writes(tmp_path):
+    """The wrapper reads /proc/PID/io of the process it runs, after it exits."""
+    if not Path("/proc/self/io").is_file():
+        pytest.skip("no /proc/PID/io")
+    import json
+    import subprocess
+    import sys
+
+    scale = _script("benchmarks/scale")
+    target = tmp_path / "out.bin"
+    writer = f"open({str(target)!r}, 'wb').write(b'x' * 3_000_000)"
+    done = subprocess.run(
+        [sys.executable, "-c", scale._MEASURE, sys.executable, "-c", writer],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    measured = json.loads(done.stdout.splitlines()[-1])
+    assert measured["returncode"] == 0 and measured["maxrss_kib"] > 0
+    assert 3_000_000 <= measured["wchar"] < 3_100_000
+
+
+def _scale_run(scale, method, clients, participation, wall, eval_, tiny=False, state=1e6, **extra):
+    replicas = clients // 3
+    trained = max(1, round(participation * clients)) if participation < 1 else clients
+    times = {"train": wall - eval_ - 1, "aggregate": 0.5, "eval": eval_, **extra}
+    return {
+        "method": method, "replicas": replicas, "tiny": tiny, "clients": clients,
+        "images_per_client": 2 if tiny else 8016 / clients, "batch": 2 if tiny else 8,
+        "participation": participation, "store": "disk", "rss_bytes": 2e9, "rss_gib": 2e9 / 2**30,
+        "wall": wall, "round": wall - eval_, "eval_per_client": eval_ / clients, "ms_per_sample": 5.0,
+        "times": times, "state_bytes": state * clients, "trained": trained,
+        "trained_state_bytes": state * trained, "wchar": 2 * state * trained, "write_bytes": None,
+    }  # fmt: skip
+
+
+def test_scale_reports_each_target_as_a_ratio():
+    """The targets are lines of the results file with their ratios, met or not (never asserted
+    on a real run); the phase times are whichever ``time/*`` the runs logged, in a fixed order."""
+    scale = _script("benchmarks/scale")
+    results = [
+        _scale_run(scale, "FedAvg", 12, 1.0, 60, 1.2),
+        _scale_run(scale, "FedAvg", 1002, 1.0, 200, 100.2, read_states=3.0),
+        _scale_run(scale, "FedAvg", 1002, 0.1, 130, 100.2),
+        _scale_run(scale, "FedAvg", 102, 1.0, 30, 10.2, tiny=True),
+        _scale_run(scale, "FedAvg", 10002, 0.01, 1040.2, 1000.2, tiny=True),
+    ]
+    body = scale.table(results, write=100e6, read=1000e6)
+    head = next(line for line in body.splitlines() if line.startswith("| method |"))
+    assert "| train / aggregate / eval / read_states (s) |" in head
+    rows = [line for line in body.splitlines() if line.startswith("| FedAvg |")]
+    assert rows[0].endswith("| 57.8 / 0.5 / 1.2 / – | 22.9 / n/a MiB | 2.00, not met |")
+    assert rows[1].endswith("| 98.8 / 0.5 / 100.2 / 3.0 | 1911.2 / n/a MiB | 2.00, not met |")
+    targets = [line for line in body.splitlines() if line.startswith("- ")]
+    io = 1002e6 / 100e6 + 1002e6 / 1000e6  # the 1,002 states written and read once: 11 s
+    assert targets[0].startswith(
+        "- FedAvg, 1002 clients (8 images each, batch 8), participation 1, store disk:"
+    )
+    assert targets[0].endswith(f"= 87 s: {99.8 / (1.3 * 58.8 + io):.2f}, not met")
+    assert targets[1].endswith(f": {0.1 / 0.13:.2f}, met")  # eval per client: 0.1 s against 1.3 × 0.1 s
+    assert targets[2].endswith("peak RSS 2.00 GB ≤ 4 GB: 0.50, met")
+    assert targets[3].endswith(f"≤ 0.25 × participation 1's 100 s = 25 s: {29.8 / 24.95:.2f}, not met")
+    assert "- FedAvg, 10002 clients (2 images each, batch 2), participation 0.01" in targets[4]
+    assert targets[4].endswith("peak RSS 2.00 GB ≤ 4 GB: 0.50, met")
+    assert targets[5].endswith(f"≤ 1.5 × 102 clients' 20 s = 30 s: {40 / 29.7:.2f}, not met")
+    assert targets[6].endswith(f": {(1000.2 / 10002) / (1.3 * 10.2 / 102):.2f}, met")
+    assert targets[7].startswith("- every run: bytes written per round ≤ 1.1 × ") and targets[7].endswith(
+        "met by 0 of 5 runs; the highest, 2.00 × (FedAvg, 12 clients (668 images each, batch 8), "
+        "participation 1, store disk): 1.82, not met"
+    )
+    assert len(targets) == 8

@@ -219,6 +219,8 @@ class Clients:
         module = self.module(i)
         module.model.load_state_dict(state["model"])
         receipts = self.receipts.of(i) if self.receipts is not None else []
+        if receipts:  # a memory store hands out its own dicts: the receipts' changes stay out of them
+            state = {**state, "personal": dict(state["personal"])}
         for receipt in receipts:
             self._apply(i, receipt, context(i, module, state, receipt.round))
         if receipts:

@@ -202,7 +202,7 @@ class Round:
         rows = self.pools()
         if isinstance(self.fed.rows, FileRowStore):  # what a killed attempt at this round left
             names = self.method.encoder_rows(self.number)
-            row_files.start_round(self.fed.rows.directory, self.number, self.clients.mine, names, False)
+            row_files.start_round(self.fed.rows.directory, self.number, self.clients.mine, names)
         losses = torch.zeros(n, LOSS_COLUMNS, dtype=torch.float64)
         bad = torch.zeros(n, 2, dtype=torch.float64)
         taking_part = set(range(n) if participants is None else participants)

@@ -9,14 +9,13 @@ Reads go through ``pread`` into a buffer of one block, never ``mmap``: a process
 block of N rows at a time, not the file pages of all of them.
 
 The files are scratch: written without ``fsync`` (a crash resumes from the checkpoint, not
-from them), one folder per round, the previous round's removed when a round starts, all of them
-with the store.
+from them), one folder per round; a row goes once the server step has read it and no pending
+receipt names it (``receipts.py``), and all of them with the store.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,14 +53,10 @@ def read_row(folder: Path, client: int, name: str, numel: int) -> Tensor:
     return FileRows(name, folder, numel, num_rows=client + 1).read([client], slice(0, numel))[0]
 
 
-def start_round(
-    rows_dir: Path, round_: int, clients: Sequence[int], names: Sequence[str], first_rank: bool
-) -> None:
-    """Before a round's training: the previous round's folder goes (rank 0; every rank has
-    passed the previous write-back), and each rank removes what a killed attempt at this round
-    may have left of its own clients' rows, so a client that does not train has none."""
-    if first_rank:
-        shutil.rmtree(round_folder(rows_dir, round_ - 1), ignore_errors=True)
+def start_round(rows_dir: Path, round_: int, clients: Sequence[int], names: Sequence[str]) -> None:
+    """Before a round's training: each rank removes what a killed attempt at this round may
+    have left of its own clients' rows, so a client that does not train has none. (Rows of
+    earlier rounds go when no receipt names them any more: ``receipts.py``.)"""
     folder = round_folder(rows_dir, round_)
     if folder.is_dir():
         for client in clients:

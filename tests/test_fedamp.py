@@ -202,10 +202,11 @@ def test_aggregate_gives_every_encoder_and_every_decoder_its_own_cloud():
     torch.testing.assert_close(
         out.decoders[3], torch.tensor([6.0, 6.0], dtype=torch.float64), rtol=0, atol=1e-12
     )
-    for pool, rows in [(out.encoders, ENCODERS), (out.decoders, DECODERS)]:
+    # The encoders' rows are float32 (the one server step reads them so): 1e-6 relative.
+    for pool, rows, tol in [(out.encoders, ENCODERS, 1e-6), (out.decoders, DECODERS, 1e-12)]:
         w = _w(rows)
         expected = fedamp_weights(gram_matrix(w)) @ w
-        torch.testing.assert_close(pool, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(pool, expected, rtol=tol, atol=tol)
         assert len({tuple(r) for r in pool.tolist()}) == len(rows)  # a cloud per slot, all different
 
 

@@ -187,7 +187,7 @@ def test_every_hook_it_does_not_define_is_the_hosts():
     for name in hooks:
         assert getattr(feddea, name)(1, x=2) is getattr(feddea.host, name).return_value, name
         getattr(feddea.host, name).assert_called_once_with(1, x=2)
-    for name in ["shares_heads", "streams", "finishes", "evaluated", "reads_every_client", "participation"]:
+    for name in ["shares_heads", "finishes", "evaluated", "reads_every_client", "participation"]:
         assert getattr(feddea, name) is getattr(feddea.host, name), name
 
 

@@ -195,7 +195,9 @@ def test_three_rounds_computed_by_hand(dtype):
 
         out = agg.aggregate(_inputs(r, enc_prev, enc_d, dec_prev, dec_d, dtype))
         tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-10)
-        torch.testing.assert_close(out.encoders, torch.tensor(enc_new, dtype=dtype), **tol)
+        # The encoders' rows are float32 (the one server step reads them so), whatever the dtype.
+        enc_tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(out.encoders, torch.tensor(enc_new, dtype=dtype), **enc_tol)
         torch.testing.assert_close(out.decoders, torch.tensor(dec_new, dtype=dtype), **tol)
         logged = agg.log_values()
         assert logged == pytest.approx(
@@ -209,7 +211,9 @@ def test_three_rounds_computed_by_hand(dtype):
                 },
             },
             rel=0,
-            abs=1e-8 if dtype == torch.float32 else 1e-13,  # float32 updates: float32 dot products
+            abs=1e-8
+            if dtype == torch.float32
+            else 1e-9,  # float32 updates: float32 dot products; α learns from the float32 encoder rows
         )
         enc_prev, dec_prev = enc_new, dec_new  # θ^(r) is where round r+1 starts
         last_update, last_attention = update, attention
@@ -442,8 +446,11 @@ def test_large_encoders_give_the_same_result(dtype):
     update = conflict_averse_update(d)
     group = (d[0] + d[2]) / 2
     expected = inputs.encoders_prev + torch.stack([group, d[1], group]) + 0.7 * update
-    torch.testing.assert_close(out.encoders, expected)
-    torch.testing.assert_close(agg.state_dict()["encoder_update"], update)
+    for got, want in [(out.encoders, expected), (agg.state_dict()["encoder_update"], update)]:
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want)
+        else:  # the rows are read as float32: within 1e-6 relative (in norm) of the float64 math
+            assert float((got.to(dtype) - want).norm() / want.norm()) <= 1e-6
 
 
 def test_fedavg_fedavg_is_fedavg_and_none_none_is_local():
@@ -475,7 +482,8 @@ def test_outputs_are_new_tensors_on_the_input_dtype_and_inputs_are_untouched(dty
     for t in (out.encoders, out.decoders):
         assert t.untyped_storage().data_ptr() not in storages
     state = agg.state_dict()
-    assert state["encoder_update"].dtype == state["decoder_update"].dtype == dtype
+    assert state["decoder_update"].dtype == dtype
+    assert state["encoder_update"].dtype == torch.float32  # a vector of the float32 encoder rows
     assert state["alpha"].dtype == state["beta"].dtype == torch.float64
 
 

@@ -342,7 +342,7 @@ def _method_round(round_: int = 1, participants=None):
         {"encoder_scope": "same_task", "decoder_scope": "none"},
     ],
 )
-def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg_bit_for_bit(scopes):
+def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg(scopes):
     from fedmtl.methods import FedAvg
     from fedmtl.methods.fedopt import FedOpt
 
@@ -351,7 +351,10 @@ def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg_bit_f
     for round_, participants in [(1, None), (2, (1, 2)), (3, (0,))]:
         inputs = _method_round(round_, participants)
         a, b = fedopt.aggregate(inputs), fedavg.aggregate(inputs)
-        assert torch.equal(a.encoders, b.encoders) and torch.equal(a.decoders, b.decoders)
+        # Encoders: x + Δ from the prev and delta rows against FedAvg's mean trained row, equal
+        # up to float rounding (the one server step); decoders and heads bit for bit.
+        torch.testing.assert_close(a.encoders, b.encoders, rtol=1e-6, atol=1e-6)
+        assert torch.equal(a.decoders, b.decoders)
         assert (a.heads is None) == (b.heads is None)
         assert a.heads is None or all(torch.equal(x, y) for x, y in zip(a.heads, b.heads, strict=True))
 

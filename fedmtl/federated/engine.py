@@ -496,7 +496,7 @@ class Simulation:
             name: row_files.FileRows(name, folder, self.enc_layout.numel, len(self.specs), owned=self.mine)
             for name in self.method.encoder_rows(self.round)
         }
-        return self.method.aggregate_streamed(inputs, encoders)
+        return self.method.server_step(inputs, encoders)
 
     def _new_encoder(self, output: RoundOutput, i: int, module: ClientModule) -> torch.Tensor:
         """Client ``i``'s row of the server's encoders; a streamed round forms it from the
@@ -1106,7 +1106,7 @@ STACKED_ENCODERS_UP_TO = 2**30
 def streams(aggregation: str, method: Method, num_clients: int, encoder_numel: int) -> bool:
     """Whether a run's server step takes the encoders streamed (``RunConfig.aggregation``)."""
     if aggregation == "auto":
-        return method.streams and 2 * num_clients * encoder_numel * 4 > STACKED_ENCODERS_UP_TO
+        return 2 * num_clients * encoder_numel * 4 > STACKED_ENCODERS_UP_TO
     return aggregation == "streamed"
 
 

@@ -620,3 +620,40 @@ def test_bad_options_are_rejected():
         FedHCA2(c=1.0)
     with pytest.raises(ValueError, match="hyper_lr"):
         FedHCA2(hyper_lr=-0.1)
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["dropped", "unavailable"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(b) a dropped update, (c) unavailable clients (FedHCA² samples no clients, so (a) is not
+    a case): they enter with zero deltas. Round 1: client i gets prev_i + its homogeneous
+    group's mean delta + 0.1·Ũ; decoder k gets prev_k + Δ_k + 0.1·A_k."""
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    inputs = math_round(MATH_CASES[case])
+    out = FedHCA2().aggregate(inputs)
+    out.check_against(inputs)
+    d = inputs.encoder_deltas
+    group_mean = torch.stack([d[g].mean(0) for g in ([0, 1], [0, 1], [2], [3, 4], [3, 4])])
+    encoders = inputs.encoders_prev + group_mean + 0.1 * conflict_averse_update(d, c=0.4, rescale=True)
+    attention = cross_attention_update_flat(inputs.decoder_deltas, inputs.decoder_layout)
+    decoders = inputs.decoders_prev + inputs.decoder_deltas + 0.1 * attention
+    assert_relative(out.encoders, encoders)
+    assert_relative(out.decoders, decoders)
+
+
+@pytest.mark.parametrize("case", ["dropped", "unavailable"])
+def test_fedavg_encoders_take_the_clients_that_did_not_train_at_their_start(case):
+    """``encoder="fedavg"``: the mean of all N trained encoders, a client that did not train
+    with its round-start encoder (its row is read: ``reads_every_client``)."""
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    inputs = math_round(MATH_CASES[case])
+    method = FedHCA2(encoder="fedavg", decoder="fedavg")
+    assert method.reads_every_client
+    out = method.aggregate(inputs)
+    mean = (inputs.encoders_prev + inputs.encoder_deltas).mean(0)
+    assert_relative(out.encoders, mean.expand_as(inputs.encoders_prev))
+    assert_relative(out.decoders, (inputs.decoders_prev + inputs.decoder_deltas).mean(0).expand(7, -1))

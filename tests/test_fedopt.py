@@ -402,3 +402,27 @@ def test_fedopt_method_state_resumes_bit_for_bit(tmp_path):
     assert repr(straight.state_dict()) == repr(resumed.state_dict())
     with pytest.raises(ValueError, match="moments"):
         resumed.load_state_dict({"alpha": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["sampled", "dropped", "unavailable"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients: one FedAdam step from the
+    participants' mean start x and mean delta Δ, the result given to every row of the pool."""
+    from fedmtl.methods.fedopt import FedOpt
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    participants = list(MATH_CASES[case])
+    inputs = math_round(participants)
+    out = FedOpt(participation=0.6 if case == "sampled" else 1.0).aggregate(inputs)
+    out.check_against(inputs)
+    dec_sources = [k for k, (i, _) in enumerate(inputs.decoder_owners) if i in participants]
+    for got, prev, deltas, sources in [
+        (out.encoders, inputs.encoders_prev, inputs.encoder_deltas, participants),
+        (out.decoders, inputs.decoders_prev, inputs.decoder_deltas, dec_sources),
+    ]:
+        x = mean_rows(prev[sources])
+        new, _ = fedopt_step("adam", x, mean_rows(deltas[sources]), fedopt_init_state("adam", x))
+        assert_relative(got, new.expand_as(prev))

@@ -474,9 +474,9 @@ class RunConfig:
         aggregation: how the server step takes the encoders. stacked: every client's encoder
             before and after training as [N, P] stacks on every process; streamed: the rows the
             method needs, one file per client in run_dir/store/rows, read a block of columns at
-            a time, so memory does not grow with N × P (every bundled method streams); auto:
-            streamed once the stacks would pass 1 GiB. Both give the same parameters up to
-            float rounding (1e-6 relative).
+            a time, so memory does not grow with N × P; auto: streamed once the stacks would
+            pass 1 GiB. Both run the method's one server step and give the same parameters up
+            to float rounding (1e-6 relative).
     """
 
     clients: list[ClientGroup]
@@ -536,11 +536,6 @@ class RunConfig:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
-            )
-        if self.aggregation == "streamed" and not self.algorithm.streams:
-            raise ValueError(
-                f"aggregation streamed: {type(self.algorithm).__name__} with these options does not stream "
-                "its server step (its math needs every encoder row at once); use aggregation stacked or auto"
             )
         limit = self.update_norm_limit
         if limit is not None and not (math.isfinite(limit) and limit > 1):  # not `<= 1`: NaN must fail

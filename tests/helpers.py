@@ -295,3 +295,67 @@ def recording_training(calls: list[dict], keep_rounds: int) -> Iterator[None]:
         mp.setattr(ClientModule, "training_step", recording_step)
         mp.setattr(checkpoint, "publish", functools.partial(checkpoint.publish, keep=keep_rounds))
         yield
+
+
+# A small hand round for checking a method's server step against the math of
+# fedmtl/aggregation/functional.py: five clients in three homogeneous groups (seven decoders),
+# with the clients that did not train as the engine gives them, non-participants with their
+# round-start rows and zero deltas: sampled out (``participation`` < 1), their update dropped
+# (``nonfinite: drop``), or unavailable (``availability.dropout``).
+MATH_CASES = {"sampled": (0, 2, 3), "dropped": (0, 1, 2, 4), "unavailable": (1, 2)}
+
+
+def math_clients():
+    from fedmtl.aggregation import ClientInfo
+
+    return [
+        ClientInfo("pc-semseg-0", "pascal_context", ("semseg",), 10),
+        ClientInfo("pc-semseg-1", "pascal_context", ("semseg",), 12),
+        ClientInfo("pc-normals", "pascal_context", ("normals",), 7),
+        ClientInfo("nyud-0", "nyud", ("semseg", "depth"), 5),
+        ClientInfo("nyud-1", "nyud", ("semseg", "depth"), 8),
+    ]
+
+
+def math_round(participants, round_: int = 1, seed: int = 0):
+    """The hand round: encoders P = 6, decoders Q = 6 in two layers; rows of clients outside
+    ``participants`` have zero deltas."""
+    import torch
+
+    from fedmtl.aggregation import FlatLayout, RoundInput, decoder_owners_of
+
+    clients = math_clients()
+    g = torch.Generator().manual_seed(1000 * seed + round_)
+    owners = decoder_owners_of(clients)
+    taking_part = set(participants)
+
+    def pair(rows: int, numel: int, trained_rows: list[int]):
+        prev = torch.randn(rows, numel, generator=g)
+        delta = 0.3 * torch.randn(rows, numel, generator=g)
+        delta[[r for r in range(rows) if r not in trained_rows]] = 0.0
+        return prev, delta
+
+    enc_prev, enc_delta = pair(len(clients), 6, sorted(taking_part))
+    dec_prev, dec_delta = pair(len(owners), 6, [k for k, (i, _) in enumerate(owners) if i in taking_part])
+    f32 = (torch.float32,) * 2
+    return RoundInput(
+        round=round_,
+        clients=clients,
+        encoder_layout=FlatLayout(names=("a", "b"), shapes=((4,), (2,)), dtypes=f32, tensor_layers=("", "")),
+        encoders_prev=enc_prev,
+        encoder_deltas=enc_delta,
+        decoder_layout=FlatLayout(
+            names=("w", "b"), shapes=((4,), (2,)), dtypes=f32, tensor_layers=("0", "1")
+        ),
+        decoder_owners=owners,
+        decoders_prev=dec_prev,
+        decoder_deltas=dec_delta,
+        participants=tuple(participants),
+    )
+
+
+def assert_relative(got, want, tol: float = 1e-6) -> None:
+    """‖got − want‖ ≤ tol · ‖want‖ (float64), with equal shapes."""
+    assert tuple(got.shape) == tuple(want.shape), (tuple(got.shape), tuple(want.shape))
+    error = float((got.double() - want.double()).norm())
+    assert error <= tol * float(want.double().norm()), (error, float(want.double().norm()))

@@ -17,8 +17,11 @@ from tests.helpers import (
     HAND_DECODERS_PREV,
     HAND_DECODERS_TRAINED,
     HAND_ENCODERS_TRAINED,
+    MATH_CASES,
+    assert_relative,
     hand_clients,
     hand_round,
+    math_round,
 )
 
 # ---------------------------------------------------------------------------- hand cases
@@ -168,3 +171,39 @@ def test_receive_overwrites_encoder_and_decoders_and_leaves_heads_and_bn_statist
     assert any(k.startswith("heads.") for k in untouched) and any("running_mean" in k for k in untouched)
     for key in untouched:
         assert torch.equal(after[key], before[key]), key
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+def _math_groups(scope: str, keys: list[str], sources: list[int]) -> list[tuple[list[int], list[int]]]:
+    """A scope's (sources, targets) groups, written out for the functional math."""
+    if scope == "all":
+        return [(sources, list(range(len(keys))))]
+    if scope == "none":
+        return []
+    members = {key: [r for r, k in enumerate(keys) if k == key] for key in keys}
+    return [([r for r in rows if r in sources], rows) for rows in members.values()]
+
+
+@pytest.mark.parametrize("case", list(MATH_CASES))
+@pytest.mark.parametrize("scope", ["all", "same_task", "none"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(scope, case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients: non-participants with zero
+    deltas; each group's mean over its members that trained goes to all its members."""
+    participants = list(MATH_CASES[case])
+    inputs = math_round(participants)
+    method = FedAvg(encoder_scope=scope, decoder_scope=scope, participation=0.6 if case == "sampled" else 1.0)
+    out = method.aggregate(inputs)
+    out.check_against(inputs)
+    enc_keys = ["+".join(sorted(c.tasks)) for c in inputs.clients]
+    dec_keys = [task for _, task in inputs.decoder_owners]
+    dec_sources = [k for k, (i, _) in enumerate(inputs.decoder_owners) if i in participants]
+    encoders = group_means_to(
+        inputs.encoders_prev, inputs.encoder_deltas, _math_groups(scope, enc_keys, participants)
+    )
+    decoders = group_means_to(
+        inputs.decoders_prev, inputs.decoder_deltas, _math_groups(scope, dec_keys, dec_sources)
+    )
+    assert_relative(out.encoders, encoders)
+    assert_relative(out.decoders, decoders)

@@ -187,7 +187,7 @@ def test_every_hook_it_does_not_define_is_the_hosts():
     for name in hooks:
         assert getattr(feddea, name)(1, x=2) is getattr(feddea.host, name).return_value, name
         getattr(feddea.host, name).assert_called_once_with(1, x=2)
-    for name in ["shares_heads", "streams", "finishes", "evaluated", "reads_every_client", "participation"]:
+    for name in ["shares_heads", "finishes", "evaluated", "reads_every_client", "participation"]:
         assert getattr(feddea, name) is getattr(feddea.host, name), name
 
 
@@ -451,3 +451,30 @@ def test_a_run_saved_with_the_flat_host_resumes_and_validates(tmp_path, data_roo
     assert "host.class_path: 'fedmtl.methods.FedProx' -> 'fedmtl.methods.FedAvg'" in capsys.readouterr().err
     assert fit(config, run, "--resume", "true") == straight
     assert main(["validate", "--run_dir", str(run)]) == 0
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["sampled", "dropped", "unavailable"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients: every update masked to its
+    ⌈ρ·d⌉ largest entries and scaled by 1/ρ, then FedAvg's mean over the participants to all."""
+    from fedmtl.aggregation import feddea_mask
+    from fedmtl.aggregation.functional import group_means_to
+    from fedmtl.methods import FedAvg
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    participants = list(MATH_CASES[case])
+    inputs = math_round(participants)
+    host = FedAvg(participation=0.6 if case == "sampled" else 1.0)
+    out = FedDEA(rho=0.25, host=host).aggregate(inputs)
+    out.check_against(inputs)
+    dec_sources = [k for k, (i, _) in enumerate(inputs.decoder_owners) if i in participants]
+    for got, prev, deltas, sources in [
+        (out.encoders, inputs.encoders_prev, inputs.encoder_deltas, participants),
+        (out.decoders, inputs.decoders_prev, inputs.decoder_deltas, dec_sources),
+    ]:
+        masked = feddea_mask(deltas, 0.25, True)
+        assert int((masked != 0).sum(dim=1).max()) == 2  # ⌈0.25 · 6⌉
+        assert_relative(got, group_means_to(prev, masked, [(sources, list(range(len(prev))))]))

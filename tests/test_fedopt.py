@@ -342,7 +342,7 @@ def _method_round(round_: int = 1, participants=None):
         {"encoder_scope": "same_task", "decoder_scope": "none"},
     ],
 )
-def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg_bit_for_bit(scopes):
+def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg(scopes):
     from fedmtl.methods import FedAvg
     from fedmtl.methods.fedopt import FedOpt
 
@@ -351,7 +351,10 @@ def test_fedopt_method_with_server_sgd_at_lr_one_and_no_momentum_is_fedavg_bit_f
     for round_, participants in [(1, None), (2, (1, 2)), (3, (0,))]:
         inputs = _method_round(round_, participants)
         a, b = fedopt.aggregate(inputs), fedavg.aggregate(inputs)
-        assert torch.equal(a.encoders, b.encoders) and torch.equal(a.decoders, b.decoders)
+        # Encoders: x + Δ from the prev and delta rows against FedAvg's mean trained row, equal
+        # up to float rounding (the one server step); decoders and heads bit for bit.
+        torch.testing.assert_close(a.encoders, b.encoders, rtol=1e-6, atol=1e-6)
+        assert torch.equal(a.decoders, b.decoders)
         assert (a.heads is None) == (b.heads is None)
         assert a.heads is None or all(torch.equal(x, y) for x, y in zip(a.heads, b.heads, strict=True))
 
@@ -399,3 +402,27 @@ def test_fedopt_method_state_resumes_bit_for_bit(tmp_path):
     assert repr(straight.state_dict()) == repr(resumed.state_dict())
     with pytest.raises(ValueError, match="moments"):
         resumed.load_state_dict({"alpha": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["sampled", "dropped", "unavailable"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients: one FedAdam step from the
+    participants' mean start x and mean delta Δ, the result given to every row of the pool."""
+    from fedmtl.methods.fedopt import FedOpt
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    participants = list(MATH_CASES[case])
+    inputs = math_round(participants)
+    out = FedOpt(participation=0.6 if case == "sampled" else 1.0).aggregate(inputs)
+    out.check_against(inputs)
+    dec_sources = [k for k, (i, _) in enumerate(inputs.decoder_owners) if i in participants]
+    for got, prev, deltas, sources in [
+        (out.encoders, inputs.encoders_prev, inputs.encoder_deltas, participants),
+        (out.decoders, inputs.decoders_prev, inputs.decoder_deltas, dec_sources),
+    ]:
+        x = mean_rows(prev[sources])
+        new, _ = fedopt_step("adam", x, mean_rows(deltas[sources]), fedopt_init_state("adam", x))
+        assert_relative(got, new.expand_as(prev))

@@ -275,3 +275,27 @@ def test_cli_rejects_a_bad_phase_b_rounds_before_writing_anything(
     argv = ["--algorithm", "FedSTA", "--algorithm.phase_b_rounds", phase_b_rounds]
     err_lines = fit_refused(config, tmp_path / "run", capsys, *argv)
     assert len(err_lines) == 1 and "algorithm.phase_b_rounds" in err_lines[0], err_lines
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["sampled", "dropped", "unavailable"])
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients. Phase A: the participants'
+    mean encoder to every client, decoders as trained; phase B: everything as trained."""
+    from fedmtl.aggregation.functional import group_means_to
+    from tests.helpers import MATH_CASES, assert_relative, math_clients, math_round
+
+    participants = list(MATH_CASES[case])
+    method = FedSTA(phase_b_rounds=1, participation=0.6 if case == "sampled" else 1.0)
+    method.setup(2, math_clients(), seed=0)
+    phase_a, phase_b = math_round(participants, round_=1), math_round(participants, round_=2)
+    out = method.aggregate(phase_a)
+    out.check_against(phase_a)
+    everyone = [(participants, list(range(phase_a.num_clients)))]
+    assert_relative(out.encoders, group_means_to(phase_a.encoders_prev, phase_a.encoder_deltas, everyone))
+    assert_relative(out.decoders, phase_a.decoders_prev + phase_a.decoder_deltas)
+    out = method.aggregate(phase_b)
+    assert_relative(out.encoders, phase_b.encoders_prev + phase_b.encoder_deltas)
+    assert_relative(out.decoders, phase_b.decoders_prev + phase_b.decoder_deltas)

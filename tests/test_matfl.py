@@ -11,10 +11,19 @@ import torch
 from scipy.cluster import hierarchy
 
 from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owners_of
-from fedmtl.aggregation.functional import cosine_clusters, gram_matrix
+from fedmtl.aggregation.functional import cosine_clusters, gram_matrix, group_means_to
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.matfl import MaTFL
-from tests.helpers import TINY_CLIENTS, client_states, fit, round_from_trained, tiny_config
+from tests.helpers import (
+    MATH_CASES,
+    TINY_CLIENTS,
+    assert_relative,
+    client_states,
+    fit,
+    math_round,
+    round_from_trained,
+    tiny_config,
+)
 
 # Four clients, mixed task sets (K = 5 decoders, across three tasks).
 CLIENTS = [
@@ -225,3 +234,26 @@ def test_end_to_end_decoders_stay_personal_and_encoders_pair_up(run):
 
     pairs = [(i, j) for i in range(3) for j in range(i + 1, 3) if same_encoder(states[i], states[j])]
     assert len(pairs) == 1, pairs
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", list(MATH_CASES))
+def test_aggregate_is_the_functional_math_with_clients_that_did_not_train(case):
+    """(a) sampled, (b) a dropped update, (c) unavailable clients: the participants' trained
+    encoders are clustered (at most as many clusters as participants: then singletons) and
+    averaged within their cluster; everyone else, and every decoder, keeps what it trained."""
+    participants = list(MATH_CASES[case])
+    inputs = math_round(participants)
+    out = MaTFL(num_clusters=2, participation=0.6 if case == "sampled" else 1.0).aggregate(inputs)
+    out.check_against(inputs)
+    trained = inputs.encoders_prev + inputs.encoder_deltas
+    if len(participants) <= 2:
+        clusters = [[i] for i in participants]
+    else:
+        local = cosine_clusters(gram_matrix(trained[participants]), 2)
+        clusters = [[participants[j] for j in cluster] for cluster in local]
+    encoders = group_means_to(inputs.encoders_prev, inputs.encoder_deltas, [(c, c) for c in clusters])
+    assert_relative(out.encoders, encoders)
+    assert_relative(out.decoders, inputs.decoders_prev + inputs.decoder_deltas)

@@ -211,3 +211,20 @@ def test_results_json_names_the_evaluated_model(tmp_path, data_root):
     assert results["evaluated"] == "post-aggregation" and "also_evaluated" not in results
     saved = json.loads((tmp_path / "r" / "results.json").read_text())
     assert saved["evaluated"] == "post-aggregation"
+
+
+# ---------------------------------------------------------------------------- the one server step
+
+
+@pytest.mark.parametrize("case", ["sampled", "dropped", "unavailable"])
+def test_local_aggregate_is_every_client_as_trained(case):
+    """Local's server step, (a) sampled, (b) a dropped update, (c) unavailable clients: every
+    encoder and decoder is prev + Δ (Δ = 0 for a client that did not train)."""
+    from fedmtl.methods import Local
+    from tests.helpers import MATH_CASES, assert_relative, math_round
+
+    inputs = math_round(MATH_CASES[case])
+    out = Local(participation=0.6 if case == "sampled" else 1.0).aggregate(inputs)
+    out.check_against(inputs)
+    assert_relative(out.encoders, inputs.encoders_prev + inputs.encoder_deltas)
+    assert_relative(out.decoders, inputs.decoders_prev + inputs.decoder_deltas)

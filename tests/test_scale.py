@@ -11,27 +11,7 @@ import pytest
 import torch
 
 from fedmtl.federated import checkpoint, integrity
-from fedmtl.methods import Local
-from fedmtl.methods.base import Method
 from tests.helpers import TINY_CLIENTS, client_states, fit, fit_in_processes, fit_refused, tiny_config
-
-
-class StackedOnly(Method):
-    """A method with only the stacked server step (every client keeps what it trained)."""
-
-    def aggregate(self, inputs):
-        return Local().aggregate(inputs)
-
-
-def test_streamed_aggregation_needs_a_method_that_streams(tmp_path, data_root, capsys):
-    config = tiny_config(tmp_path, data_root, rounds=1)
-    method = ["--algorithm", "tests.test_scale.StackedOnly"]
-    lines = fit_refused(config, tmp_path / "run", capsys, *method, "--aggregation", "streamed")
-    assert lines[0] == (
-        "error: aggregation streamed: StackedOnly with these options does not stream its server step "
-        "(its math needs every encoder row at once); use aggregation stacked or auto"
-    )
-    fit(config, tmp_path / "auto", *method)  # auto: the stacked step
 
 
 def _states_close(a: list[dict], b: list[dict], rel: float) -> None:

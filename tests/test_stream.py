@@ -1,6 +1,7 @@
-"""The streamed server step (fedmtl/aggregation/stream.py): its two reductions over column
-blocks, the EncoderMix, and — for every method that streams — the same new parameters as the
-stacked step, with participation and over several rounds of server state."""
+"""The one server step's encoders (fedmtl/aggregation/stream.py): the reductions over column
+blocks, the EncoderMix, and — for every method — ``Method.aggregate`` (the step on encoder
+stacks) giving what the engine forms from row blocks, client by client, with participation and
+over several rounds of server state."""
 
 from __future__ import annotations
 
@@ -98,6 +99,27 @@ def test_encoder_mix_row_combines_own_rows_and_vectors():
         mix.row(0, {"trained": trained})
 
 
+def test_encoder_mix_rows_equal_its_row_by_row():
+    torch.manual_seed(2)
+    n, p = 5, 40
+    own_rows = {name: torch.randn(n, p) for name in ("trained", "delta", "cloud")}
+    mixing = torch.rand(n, 3, dtype=torch.float64)
+    mixing[1] = 0.0  # client 1 keeps what it trained
+    own = {
+        "trained": torch.tensor([1.0, 1.0, 0.0, 0.5, 1.0], dtype=torch.float64),
+        "delta": torch.tensor([-1.0, 0.0, 0.0, 2.0, 0.0], dtype=torch.float64),
+        "cloud": torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64),
+    }
+    mix = EncoderMix(torch.randn(3, p), mixing, own)
+    rows = mix.rows(own_rows)
+    assert rows.dtype == torch.float32 and rows.shape == (n, p)
+    for i in range(n):
+        torch.testing.assert_close(rows[i], mix.row(i, {k: v[i] for k, v in own_rows.items()}))
+    assert torch.equal(rows[1], own_rows["trained"][1])
+    with pytest.raises(ValueError, match=r"need the rows \['cloud'\]"):
+        mix.rows({"trained": own_rows["trained"], "delta": own_rows["delta"]})
+
+
 # ---------------------------------------------------------------------------- methods
 
 
@@ -154,42 +176,43 @@ def _round(round_: int, participants=None, heads=False, seed=0) -> tuple[RoundIn
 
 
 def _stripped(inputs: RoundInput) -> RoundInput:
-    """``inputs`` as a streamed round sees them: without encoder stacks."""
+    """``inputs`` as the engine's streamed round gives them: without encoder stacks."""
     stripped = copy.copy(inputs)
     stripped.encoders_prev = stripped.encoder_deltas = None
     return stripped
 
 
 def _streamed(method, inputs: RoundInput, trained: torch.Tensor):
-    """The streamed step on ``inputs`` (the rows the method names, made by the method from each
-    client's prev and trained encoder) and the encoders it gives each client."""
-    prev = inputs.encoders_prev
+    """The server step as the engine's streamed round runs it: rows only for the clients that
+    trained (every client's for a method that reads them), read 97 columns at a time, and each
+    client's encoder formed on its own from the EncoderMix."""
+    prev, taking_part = inputs.encoders_prev, set(inputs.participating_clients)
+
+    def row(name: str, i: int) -> torch.Tensor:
+        if i in taking_part:
+            return method.encoder_row(name, prev[i], trained[i], inputs.encoder_layout)
+        if method.reads_every_client:
+            return method.encoder_row(name, prev[i], prev[i], inputs.encoder_layout)
+        return torch.zeros_like(prev[i])
+
     rows = {
-        name: StackedRows(
-            name,
-            torch.stack(
-                [
-                    method.encoder_row(name, prev[i], trained[i], inputs.encoder_layout)
-                    for i in range(len(prev))
-                ]
-            ),
-            block_columns=97,
-        )
+        name: StackedRows(name, torch.stack([row(name, i) for i in range(len(prev))]), block_columns=97)
         for name in method.encoder_rows(inputs.round)
     }
     stripped = _stripped(inputs)
-    output = method.aggregate_streamed(stripped, rows)
+    output = method.server_step(stripped, rows)
     output.check_against(stripped)
-    own = {"trained": trained} | {name: r.stack for name, r in rows.items()}
+    own = {name: r.stack for name, r in rows.items()}
     for r in rows.values():
         own |= r.made
+    own["trained"] = trained  # the encoder the client trained (its model holds it), not its row
     encoders = torch.stack(
         [output.encoders.row(i, {name: stack[i] for name, stack in own.items()}) for i in range(len(prev))]
     )
     return encoders, output
 
 
-STREAMED = {
+METHODS_UNDER_TEST = {
     "FedAvg": {},
     "FedAvg-same-task-weighted": {"class_path": "FedAvg", "encoder_scope": "same_task", "weighted": True},
     "FedAvg-encoders-local": {"class_path": "FedAvg", "encoder_scope": "none"},
@@ -221,11 +244,10 @@ STREAMED = {
 }
 
 
-@pytest.mark.parametrize("name", list(STREAMED))
-def test_streamed_step_equals_the_stacked_one(name):
-    options = copy.deepcopy(STREAMED[name])  # a host in it is a method, with server state
+@pytest.mark.parametrize("name", list(METHODS_UNDER_TEST))
+def test_aggregate_gives_what_the_engine_forms_from_row_blocks(name):
+    options = copy.deepcopy(METHODS_UNDER_TEST[name])  # a host in it is a method, with server state
     method = create_method(options.pop("class_path", name), **options)
-    assert method.streams
     rounds = 5  # FedSTA's phase B is the last round; FedHCA²'s α and β learn from round 2 on
     method.setup(rounds, CLIENTS, seed=0)
     stacked, streamed = method, copy.deepcopy(method)
@@ -233,8 +255,9 @@ def test_streamed_step_equals_the_stacked_one(name):
         participants = tuple(stacked.participants(round_) or ()) or None
         inputs, trained = _round(round_, participants, heads=stacked.shares_heads)
         expected = stacked.aggregate(inputs)
+        expected.check_against(inputs)
         encoders, output = _streamed(streamed, inputs, trained)
-        # Up to float rounding (the streamed sums run in float64, in another order)
+        # Up to float rounding (other column blocks; all at once against client by client)
         error = (encoders - expected.encoders).norm(dim=1) / expected.encoders.norm(dim=1)
         assert float(error.max()) <= 1e-6, (name, round_, error.tolist())
         assert torch.equal(output.decoders, expected.decoders)
@@ -248,27 +271,50 @@ def test_a_mix_keeps_what_each_client_trained_where_nothing_is_averaged():
     inputs, trained = _round(1)
     encoders, _ = _streamed(method, inputs, trained)
     assert torch.equal(encoders, trained)
+    assert torch.equal(method.aggregate(inputs).encoders, trained)
 
 
-def test_every_registered_method_streams():
+def test_every_registered_method_has_one_server_step():
     from fedmtl.methods import METHODS
-
-    assert all(create_method(name).streams for name in METHODS.names())
-
-
-def test_a_method_without_a_streamed_step_says_so():
     from fedmtl.methods.base import Method
 
-    class Stacked(Method):
-        def aggregate(self, inputs):
-            return None
-
-    with pytest.raises(NotImplementedError, match="Stacked does not stream"):
-        Stacked().aggregate_streamed(_round(1)[0], {})
-    assert not Stacked().streams
+    for name in METHODS.names():
+        method = create_method(name)
+        assert not hasattr(method, "streams") and not hasattr(method, "aggregate_streamed"), name
+        assert type(method).aggregate is Method.aggregate, f"{name} overrides aggregate"
+        assert type(method).server_step is not Method.server_step, f"{name} has no server_step"
 
 
-def test_a_streamed_output_must_be_a_mix_of_every_client():
+def test_a_method_without_a_server_step_says_so():
+    from fedmtl.methods.base import Method
+
+    class Nothing(Method):
+        pass
+
+    with pytest.raises(NotImplementedError, match="Nothing has no server step"):
+        Nothing().aggregate(_round(1)[0])
+
+
+def test_aggregate_needs_the_encoder_stacks():
+    with pytest.raises(ValueError, match=r"FedAvg.aggregate needs the encoder stacks .*call server_step"):
+        create_method("FedAvg").aggregate(_stripped(_round(1)[0]))
+
+
+def test_aggregate_keeps_the_inputs_dtype_and_device_and_leaves_them_as_they_were():
+    inputs, _ = _round(1)
+    inputs = copy.copy(inputs)
+    inputs.encoders_prev, inputs.encoder_deltas = (
+        inputs.encoders_prev.double(),
+        inputs.encoder_deltas.double(),
+    )
+    before = inputs.encoders_prev.clone(), inputs.encoder_deltas.clone()
+    output = create_method("FedHCA2").aggregate(inputs)
+    output.check_against(inputs)
+    assert output.encoders.dtype == torch.float64
+    assert torch.equal(inputs.encoders_prev, before[0]) and torch.equal(inputs.encoder_deltas, before[1])
+
+
+def test_a_server_step_output_must_be_a_mix_of_every_client():
     inputs, trained = _round(1)
     stripped = _stripped(inputs)
     output = create_method("FedAvg").aggregate(inputs)
@@ -280,9 +326,7 @@ def test_rows_the_method_did_not_name_are_not_there():
     inputs, trained = _round(1)
     stripped = _stripped(inputs)
     with pytest.raises(KeyError, match="trained"):
-        create_method("FedAvg").aggregate_streamed(
-            stripped, {"delta": StackedRows("delta", inputs.encoder_deltas)}
-        )
+        create_method("FedAvg").server_step(stripped, {"delta": StackedRows("delta", inputs.encoder_deltas)})
 
 
 def test_encoder_rows_is_an_abstract_reader():

@@ -1,9 +1,12 @@
 """The server's aggregation API: what it receives in a round, what it returns, and the base class.
 
-An aggregator is a function of flat, stacked parameters (plus its own server state, e.g.
-FedHCA²'s hyper weights). It returns the new parameters of every client encoder and every
-decoder and never touches a model: the engine flattens the models into a :class:`RoundInput`
-and writes the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Heads stay local
+An aggregator is a function of flat parameters (plus its own server state, e.g. FedHCA²'s
+hyper weights). It returns the new parameters of every client encoder and every decoder and
+never touches a model: the engine flattens the models into a :class:`RoundInput` and writes
+the :class:`RoundOutput` back with :meth:`FlatLayout.assign`. Decoders and heads come stacked;
+a method's one server step (``Method.server_step``) reads the encoders as rows, a block of
+columns at a time (:mod:`fedmtl.aggregation.stream`), and ``Method.aggregate`` runs it on
+encoder stacks. Heads stay local
 (the HC-FMTL setting: docs/index.md, "The setting"), except in the unified-model setting of FedDEA, where a method
 that asks for them (``Method.shares_heads``) also gets each (dataset, task)'s heads as a
 :class:`HeadGroup`.
@@ -103,7 +106,8 @@ def head_groups_of(clients: Sequence[ClientInfo]) -> list[tuple[str, str, list[i
 
 @dataclass
 class RoundInput:
-    """What the server receives in one round, as stacked flat vectors.
+    """What the server receives in one round, as stacked flat vectors (the encoders only for
+    ``Method.aggregate``: the server step itself reads them as rows).
 
     N clients, P encoder parameters, K = Σ|T_i| decoders, Q decoder parameters (every
     decoder has the same layout). ``*_prev`` are θ^(r-1), the parameters the clients started
@@ -113,8 +117,8 @@ class RoundInput:
     round: int  # 1-based
     clients: list[ClientInfo]  # N
     encoder_layout: FlatLayout
-    encoders_prev: Tensor | None  # [N, P]; None in a streamed round
-    encoder_deltas: Tensor | None  # [N, P]; None in a streamed round
+    encoders_prev: Tensor | None  # [N, P]; None for the server step (it reads rows)
+    encoder_deltas: Tensor | None  # [N, P]; None for the server step (it reads rows)
     decoder_layout: FlatLayout
     decoder_owners: list[tuple[int, str]]  # K (client index, task); see decoder_owners_of
     decoders_prev: Tensor  # [K, Q]
@@ -242,8 +246,9 @@ class RoundOutput:
     """The new parameters θ^(r) of every client encoder [N, P] and every decoder [K, Q].
 
     Rows follow the :class:`RoundInput`'s clients and decoder owners. ``heads``: one stack
-    per input head group, or None (heads stay as the clients trained them). A streamed round
-    returns the encoders as an :class:`~fedmtl.aggregation.stream.EncoderMix`.
+    per input head group, or None (heads stay as the clients trained them). The server step
+    returns the encoders as an :class:`~fedmtl.aggregation.stream.EncoderMix`; ``aggregate``
+    as a Tensor.
     """
 
     encoders: Tensor | EncoderMix  # [N, P]
@@ -253,7 +258,7 @@ class RoundOutput:
     def check_against(self, inputs: RoundInput) -> None:
         """Raise ValueError unless shapes, dtypes and devices match ``inputs``."""
         pairs = [("decoders", self.decoders, inputs.decoders_prev)]
-        if inputs.encoders_prev is None:  # a streamed round
+        if inputs.encoders_prev is None:  # what the server step receives
             mix = self.encoders
             if not (
                 isinstance(mix, EncoderMix)
@@ -261,7 +266,7 @@ class RoundOutput:
                 and mix.vectors.shape[1] == inputs.encoder_layout.numel
             ):
                 raise ValueError(
-                    "a streamed round's output encoders must be an EncoderMix of one row per client "
+                    "the server step's output encoders must be an EncoderMix of one row per client "
                     f"({inputs.num_clients}) and {inputs.encoder_layout.numel} columns"
                 )
         else:
@@ -287,7 +292,8 @@ class Aggregator(abc.ABC):
     method that shares them: ``RoundInput.heads``).
 
     A subclass implements :meth:`aggregate`, a function of the round's flat parameters and
-    of the aggregator's own state. Server state (FedHCA²'s hyper weights α and β) is
+    of the aggregator's own state (a method implements ``Method.server_step`` instead, which
+    its ``aggregate`` runs). Server state (FedHCA²'s hyper weights α and β) is
     checkpointed through :meth:`state_dict` / :meth:`load_state_dict`; scalars worth
     logging each round come from :meth:`log_values`. A method (``fedmtl.methods.Method``)
     is an aggregator with client-side hooks.

@@ -1,12 +1,13 @@
-"""The streamed server step: encoders read a block of columns at a time, never stacked whole.
+"""The server step's encoders: rows read a block of columns at a time, never stacked whole.
 
 A round's encoder rows are N × P numbers (N clients, P encoder parameters: 2.3 M for the
 default backbone, 28 M for Swin-T); stacked, with their deltas and the output, they are what
-limits how many clients fit in memory. A method that *streams* (``Method.streams``) names the
-rows of each client's encoder it needs (``Method.encoder_rows``: ``"trained"`` θ^(r-1) + Δ,
-``"delta"`` Δ, ``"prev"`` θ^(r-1); FedDEA gives the first two of its masked update) and takes
-them as :class:`EncoderRows`, through reductions that each make one pass over the rows, a
-block of columns at a time:
+limits how many clients fit in memory. So every method's server step
+(``Method.server_step``, the one form a method writes) names the rows of each client's encoder
+it needs (``Method.encoder_rows``: ``"trained"`` θ^(r-1) + Δ, ``"delta"`` Δ, ``"prev"``
+θ^(r-1); FedDEA gives the first two of its masked update) and takes them as
+:class:`EncoderRows`, through reductions that each make one pass over the rows, a block of
+columns at a time:
 
 - :meth:`EncoderRows.gram`: G = X Xᵀ in float64 (FedHCA²'s conflict-averse step, MaT-FL's
   clusters, FedAMP's distances);
@@ -16,14 +17,16 @@ block of columns at a time:
   the one reduction whose result has N rows: they go where the rows are, block by block.
 
 and returns an :class:`EncoderMix`: each client's new encoder as a combination of its own
-rows and a few shared vectors, formed client by client when the engine writes it back. Memory
-is a block of N rows plus the shared vectors, whatever N. Decoders and heads (Q and heads ≪ P)
-stay stacked: the method's usual code aggregates them.
+rows and a few shared vectors, formed client by client when the engine writes it back
+(:meth:`EncoderMix.row`), or all at once on stacks (:meth:`EncoderMix.rows`). Memory is a block
+of N rows plus the shared vectors, whatever N. Decoders and heads (Q and heads ≪ P) stay
+stacked: the step aggregates them as tensors.
 
-:class:`StackedRows` serves rows held as one tensor (tests, and the stacked step's equal);
-the engine reads them from files (``fedmtl.federated.rows``). A client without a row (it did
-not train this round) reads as zeros: a method weighs only the clients that trained, unless it
-asks for every client's rows (``Method.reads_every_client``).
+:class:`StackedRows` serves rows held as one tensor (``Method.aggregate``, the step on encoder
+stacks, and tests); the engine's streamed rounds read them from files
+(``fedmtl.federated.rows``). A client without a row (it did not train this round) reads as
+zeros: a method weighs only the clients that trained, unless it asks for every client's rows
+(``Method.reads_every_client``).
 """
 
 from __future__ import annotations
@@ -212,3 +215,28 @@ class EncoderMix:
         for name in self.needs(i):
             out += float(self.own[name][i]) * rows[name].to(like.device, torch.float64)
         return out.to(torch.float32)
+
+    def rows(self, own_rows: Mapping[str, Tensor]) -> Tensor:
+        """Every client's new encoder [N, P] (float32, on the device of the ``"trained"`` stack):
+        :meth:`row` for all clients at once, from their own rows stacked by name (``own_rows``
+        maps a name to [N, P]; at least the names some client :meth:`needs`)."""
+        needed = [name for name, coefficients in self.own.items() if bool(coefficients.any())]
+        missing = [name for name in needed if name not in own_rows]
+        if missing:
+            raise ValueError(f"the new encoders need the rows {missing}")
+        n, numel = self.num_rows, self.vectors.shape[1]
+        for name in needed:
+            if tuple(own_rows[name].shape) != (n, numel):
+                raise ValueError(
+                    f"own rows {name!r} must be [{n}, {numel}], got {tuple(own_rows[name].shape)}"
+                )
+        like = own_rows["trained"] if "trained" in own_rows else next(iter(own_rows.values()))
+        device = like.device
+        out = self.mixing.to(device) @ self.vectors.to(device, torch.float64)
+        for name in needed:
+            out += self.own[name].to(device)[:, None] * own_rows[name].to(device, torch.float64)
+        out = out.to(torch.float32)
+        kept = [i for i in range(n) if self.keeps(i)]
+        if kept:
+            out[kept] = own_rows["trained"][kept].to(device, torch.float32)
+        return out

@@ -408,7 +408,7 @@ class Round:
             encoders = fed.rows.server_rows(
                 self.number, names, len(clients), fed.encoder_layout.numel, clients.mine
             )
-            output = self.method.aggregate_streamed(inputs, encoders)
+            output = self.method.server_step(inputs, encoders)
             output.check_against(inputs)
             self.check_output(output)
         # Every rank has read the rows: what no receipt needs can go.

@@ -1,13 +1,15 @@
 """A federated method: its server step and its client behaviour, in one class.
 
 A :class:`Method` *is* an :class:`~fedmtl.aggregation.Aggregator` (the server step,
-``aggregate``: flat stacked parameters in, new parameters out, never touching a model) with
+``server_step``: flat parameters in, new parameters out, never touching a model) with
 client-side hooks that the round loop calls around local training. Every hook has a default
 that gives plain FedAvg-style behaviour, so a method overrides only what makes it different:
 
 =====================  ==========================================================  =================
 hook                   what it decides                                             e.g.
 =====================  ==========================================================  =================
+``server_step``        the server step: the round's rows in, new parameters out    every method
+``encoder_rows``       which rows of each client's encoder the step reads          FedOpt, FedHCA2
 ``setup``              checks the method against the run (rounds, clients)         FedSTA, MaT-FL
 ``participants``       which clients train this round (``participation``)          all methods
 ``init_client``        the client's personal state; may re-initialise the model    Ditto, FedBABU
@@ -22,12 +24,16 @@ hook                   what it decides                                          
 ``exchange``           what a client sends and receives in a round (its cost)      FedAMP, FedSTA
 =====================  ==========================================================  =================
 
-The server step comes in two forms. ``aggregate`` takes every encoder stacked ([N, P] rows,
-before and after training); ``aggregate_streamed`` (a method that ``streams``) takes the rows
-``encoder_rows`` names as :class:`~fedmtl.aggregation.stream.EncoderRows`, read a block of
-columns at a time, and returns the encoders as an
-:class:`~fedmtl.aggregation.stream.EncoderMix`, so no process holds [N, P] (the engine's
-``aggregation`` setting picks the form). Both give the same parameters up to float rounding.
+The server step is written once, as :meth:`Method.server_step`: it takes the encoder rows
+the method names (``encoder_rows``, made by ``encoder_row``) as
+:class:`~fedmtl.aggregation.stream.EncoderRows`, read a block of columns at a time, and
+returns the encoders as an :class:`~fedmtl.aggregation.stream.EncoderMix` (each client's new
+encoder as a combination of its own rows and a few shared vectors), so no process needs to hold
+[N, P]. Decoders and heads stay stacked in the :class:`~fedmtl.aggregation.RoundInput`.
+:meth:`Method.aggregate`, which no method overrides, runs that one step on encoder stacks
+([N, P] before and after training) and forms the [N, P] encoders it gives: the engine's
+stacked rounds, tests and small studies use it; its streamed rounds read the rows from files
+(the engine's ``aggregation`` setting). A new method writes one server step.
 
 A client's stored state (``ClientContext.state``) is its federated *track* — ``"model"``
 (state dict), ``"optimizer"``, ``"scheduler"``, ``"epochs_done"`` — plus ``"personal"``: a
@@ -41,17 +47,19 @@ Methods are registered in ``METHODS`` under their class name, the name a config 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import Aggregator, ClientInfo, RoundInput, RoundOutput
 from fedmtl.aggregation.communication import PARTS, Exchange
 from fedmtl.aggregation.flat import FlatLayout
-from fedmtl.aggregation.stream import EncoderRows
+from fedmtl.aggregation.stream import EncoderMix, EncoderRows, StackedRows
 from fedmtl.losses import proximal_term
 from fedmtl.methods.checks import within
 from fedmtl.registry import Registry
@@ -124,7 +132,7 @@ class ClientContext:
 
 
 class Method(Aggregator):
-    """A federated method: the server step :meth:`aggregate` and the client hooks below.
+    """A federated method: the server step :meth:`server_step` and the client hooks below.
 
     Args:
         participation: fraction of the clients that train in each round, drawn with the
@@ -184,16 +192,11 @@ class Method(Aggregator):
         nothing (FedSTA's local phase)."""
         return Exchange.both_ways(*(part for part in PARTS if part in self.shared_parts))
 
-    # ------------------------------------------------------------------ the streamed server step
+    # ------------------------------------------------------------------ the server step
 
-    @property
-    def streams(self) -> bool:
-        """Whether :meth:`aggregate_streamed` exists for this method and its options."""
-        return False
-
-    #: Whether the streamed step reads the rows of clients that did not train this round (their
+    #: Whether the server step reads the rows of clients that did not train this round (their
     #: current parameters, zero delta): FedAMP mixes every client's last weights. Otherwise
-    #: only the clients that trained have rows.
+    #: only the clients that trained have rows (the others read as zeros).
     reads_every_client: bool = False
 
     @property
@@ -206,13 +209,14 @@ class Method(Aggregator):
 
     def skip_round(self, round_: int) -> None:
         """Round ``round_`` has no server step: every client that would have trained was
-        unavailable (``availability.dropout``). Called on every rank instead of ``aggregate``;
-        a method whose server state counts rounds moves on. Default: nothing."""
+        unavailable (``availability.dropout``). Called on every rank instead of the server
+        step; a method whose server state counts rounds moves on. Default: nothing."""
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
-        """The rows of each client's encoder the streamed step of round ``round_`` reads, by
-        name: ``"trained"``, ``"delta"``, ``"prev"``, as :meth:`encoder_row` makes them."""
-        raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
+        """The rows of each client's encoder the server step of round ``round_`` reads, by
+        name: ``"trained"``, ``"delta"``, ``"prev"``, as :meth:`encoder_row` makes them.
+        Default: none (every client keeps the encoder it trained)."""
+        return ()
 
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
         """Client row ``name`` from its encoder before (``prev``) and after (``trained``) the
@@ -225,11 +229,56 @@ class Method(Aggregator):
             return prev
         raise ValueError(f"{type(self).__name__} asks for encoder row {name!r} but does not make it")
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
-        """The server step with the encoders streamed: ``inputs`` holds no encoder stacks,
-        ``encoders`` the rows :meth:`encoder_rows` named; the output's ``encoders`` is an
-        :class:`~fedmtl.aggregation.stream.EncoderMix`."""
-        raise NotImplementedError(f"{type(self).__name__} does not stream its server step")
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        """The server step, the one a method writes: ``inputs`` holds the decoders (and heads)
+        stacked but no encoder stacks; ``encoders`` maps each name :meth:`encoder_rows` gave to
+        its :class:`~fedmtl.aggregation.stream.EncoderRows`. The output's ``encoders`` is an
+        :class:`~fedmtl.aggregation.stream.EncoderMix`; ``decoders`` and ``heads`` are stacks.
+        Must not modify ``inputs``."""
+        raise NotImplementedError(f"{type(self).__name__} has no server step: write server_step")
+
+    def aggregate(self, inputs: RoundInput) -> RoundOutput:
+        """:meth:`server_step` on encoder stacks, with the encoders formed [N, P] (in the dtype
+        and on the device of ``inputs.encoders_prev``): the engine's stacked rounds, tests and
+        small studies. No method overrides it.
+
+        Row ``name`` of client i is ``encoder_row(name, prev_i, prev_i + Δ_i, layout)``, as the
+        engine writes it; a client that did not train (not in ``inputs.participants``: sampled
+        out, unavailable, or its update dropped) has an all-zero row, unless the method
+        :attr:`reads_every_client` (then ``encoder_row(name, prev_i, prev_i, layout)``).
+        Client i's own ``"trained"`` row in the :class:`EncoderMix` is prev_i + Δ_i, the
+        encoder it trained (for FedDEA, unmasked)."""
+        if inputs.encoders_prev is None or inputs.encoder_deltas is None:
+            raise ValueError(
+                f"{type(self).__name__}.aggregate needs the encoder stacks (RoundInput.encoders_prev and "
+                "encoder_deltas, [N, P]); this RoundInput has none: call server_step(inputs, encoders) "
+                "with the encoder rows instead"
+            )
+        prev, deltas, layout = inputs.encoders_prev, inputs.encoder_deltas, inputs.encoder_layout
+        trained = prev + deltas
+        taking_part = set(inputs.participating_clients)
+        rows: dict[str, StackedRows] = {}
+        for name in self.encoder_rows(inputs.round):
+            stack = torch.zeros_like(prev)
+            for i in range(inputs.num_clients):
+                if i in taking_part:
+                    stack[i] = self.encoder_row(name, prev[i], trained[i], layout)
+                elif self.reads_every_client:
+                    stack[i] = self.encoder_row(name, prev[i], prev[i], layout)
+            rows[name] = StackedRows(name, stack)
+        output = self.server_step(dataclasses.replace(inputs, encoders_prev=None, encoder_deltas=None), rows)
+        mix = output.encoders
+        if not isinstance(mix, EncoderMix):
+            raise TypeError(
+                f"{type(self).__name__}.server_step must return its encoders as an EncoderMix, "
+                f"got {type(mix).__name__}"
+            )
+        own = {name: r.stack for name, r in rows.items()}
+        for r in rows.values():
+            own |= r.made
+        own["trained"] = trained
+        encoders = mix.rows(own).to(device=prev.device, dtype=prev.dtype)
+        return RoundOutput(encoders=encoders, decoders=output.decoders, heads=output.heads)
 
     # ------------------------------------------------------------------ the client
 

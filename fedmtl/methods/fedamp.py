@@ -82,20 +82,12 @@ class FedAMP(Method):
         return heuristic_fedamp_weights(gram, self.sigma, self.self_weight)
 
     def clouds(self, prev: Tensor, deltas: Tensor) -> tuple[Tensor, Tensor]:
-        """(ξ [M, M], u [M, D]) of one pool, trained weights w = prev + deltas."""
+        """(ξ [M, M], u [M, D]) of a stacked pool (the decoders), trained weights w = prev + deltas."""
         m = prev.shape[0]
         blocks = gram_matrix([prev, deltas]).cpu()  # [2M, 2M]: Gram of w without forming w
         gram = blocks[:m, :m] + blocks[:m, m:] + blocks[m:, :m] + blocks[m:, m:]
         xi = self.weights(gram)
         return xi, mix_rows(xi, prev, deltas)
-
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        xi, encoders = self.clouds(inputs.encoders_prev, inputs.encoder_deltas)
-        _, decoders = self.clouds(inputs.decoders_prev, inputs.decoder_deltas)
-        self._xi_self = {
-            c.name: float(x) for c, x in zip(inputs.clients, xi.diagonal().tolist(), strict=True)
-        }
-        return RoundOutput(encoders=encoders, decoders=decoders)
 
     def log_values(self) -> dict[str, float]:
         return {f"xi_self/{name}": value for name, value in self._xi_self.items()}
@@ -108,17 +100,17 @@ class FedAMP(Method):
             up={"encoder": ("encoder",), "decoders": ("decoders",)}, down={"clouds": ("encoder", "decoders")}
         )
 
-    # ------------------------------------------------------------------ streamed
+    # ------------------------------------------------------------------ the server step
 
-    streams = True
     reads_every_client = True  # the clients that sit a round out take part with their last weights
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return ("trained",)
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
-        """:meth:`aggregate` with the encoders streamed: ξ from the Gram matrix of the trained
-        rows, then each client's cloud u_i = Σ_j ξ_ij w_j written as its row ``"cloud"``."""
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        """Encoders: ξ from the Gram matrix of the trained rows, then each client's cloud
+        u_i = Σ_j ξ_ij w_j written as its row ``"cloud"``; decoders: :meth:`clouds` of the
+        stacked pool."""
         trained = encoders["trained"]
         xi = self.weights(trained.gram())
         trained.mix(xi, into="cloud")

@@ -84,18 +84,6 @@ class FedAvg(Method):
                 f"set --algorithm.num_clusters to at most {num_clients}"
             )
 
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        encoders = self._pool(
-            "encoders",
-            self.encoder_scope,
-            inputs.encoders_prev,
-            inputs.encoder_deltas,
-            self._encoder_keys(inputs),
-            inputs.participating_clients,
-            inputs.client_num_samples,
-        )
-        return RoundOutput(encoders=encoders, decoders=self._decoders(inputs), heads=self._heads(inputs))
-
     @staticmethod
     def _encoder_keys(inputs: RoundInput) -> list[str]:
         return ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
@@ -111,14 +99,12 @@ class FedAvg(Method):
             inputs.decoder_num_samples,
         )
 
-    # ------------------------------------------------------------------ streamed
-
-    streams = True
+    # ------------------------------------------------------------------ the server step
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return () if self.encoder_scope == "none" else ("trained",)
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         participating = inputs.participating_clients
         groups = self._scope_groups(
             self.encoder_scope,
@@ -132,8 +118,8 @@ class FedAvg(Method):
     def _stream_groups(
         self, groups: Groups, encoders: Mapping[str, EncoderRows], inputs: RoundInput
     ) -> EncoderMix:
-        """The streamed :meth:`_combine` of the encoders: each group's (weighted) mean of its
-        sources' trained rows goes to its targets; the other clients keep what they trained."""
+        """The encoders' groups combined: each group's (weighted) mean of its sources' trained
+        rows goes to its targets; the other clients keep what they trained."""
         live = [(sources, targets) for sources, targets in groups.values() if sources and targets]
         n = inputs.num_clients
         if not live:
@@ -206,7 +192,8 @@ class FedAvg(Method):
         participating: list[int],
         num_samples: list[int],
     ) -> Tensor:
-        """One pool's new rows: the scope's groups of rows, combined by :meth:`_combine`."""
+        """One stacked pool's new rows (decoders; the encoders go through :meth:`server_step`):
+        the scope's groups of rows, combined by :meth:`_combine`."""
 
         def gram() -> Tensor:  # of the participating rows' trained parameters
             return gram_matrix(prev[participating] + deltas[participating]).cpu()

@@ -42,9 +42,9 @@ class FedDEA(Method):
     becomes 0 (:func:`fedmtl.aggregation.feddea_mask`: exactly k entries, ties to the lowest
     index). The host then aggregates the transformed updates as its own: FedAvg's mean,
     FedProx's (whose clients also train with the proximal term), or FedOpt's server
-    optimiser. The transform belongs to the client; the simulation applies it to the stacked
-    deltas at the start of the server step, which gives the same numbers. ρ = 1 is the host,
-    bit for bit.
+    optimiser. The transform belongs to the client; the simulation applies it in the server
+    step (to each encoder row as it is made, to the stacked decoder and head deltas), which
+    gives the same numbers. ρ = 1 is the host, bit for bit.
 
     What the paper leaves open and what is chosen here (docs/methods.md, FedDEA): the mask is taken
     per aggregation unit (``scope: unit``, the whole flattened encoder or decoder, as the
@@ -90,15 +90,15 @@ class FedDEA(Method):
 
     # ------------------------------------------------------------------ the server step
 
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        return self.host.aggregate(self._masked(inputs))
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        """The host's step on the masked updates: the encoder rows are masked as they are made
+        (:meth:`encoder_row`), the decoders and heads here."""
+        return self.host.server_step(self._masked(inputs), encoders)
 
     def _masked(self, inputs: RoundInput) -> RoundInput:
-        """``inputs`` with every update masked (the encoders' only where they are stacked)."""
-        encoders = inputs.encoder_deltas
+        """``inputs`` with every stacked update masked: the decoders' and the heads'."""
         return dataclasses.replace(
             inputs,
-            encoder_deltas=None if encoders is None else self.transform(encoders, inputs.encoder_layout),
             decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
             heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
         )
@@ -107,13 +107,10 @@ class FedDEA(Method):
         """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'. A client
         the host leaves as it is (``encoder_scope: none``) keeps its own, unmasked encoder at
         write-back, whatever this row (the host's ``receive`` ignores that row)."""
-        if name not in ("trained", "delta"):
+        if name not in ("trained", "delta") or self.rho == 1:  # ρ = 1: the host's own rows
             return self.host.encoder_row(name, prev, trained, layout)
         masked = self.transform((trained - prev)[None], layout)[0]
         return prev + masked if name == "trained" else masked
-
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
-        return self.host.aggregate_streamed(self._masked(inputs), encoders)  # rows masked as written
 
     def exchange(self, round_: int) -> Exchange:
         """The host's: a masked update travels as the dense row the engine exchanges (a sparse
@@ -180,7 +177,7 @@ def nest_flat_host(algorithm: Any) -> Any:
 
 
 class _HostValue:
-    """A property or plain class attribute of :class:`Method` (``streams``, ``evaluated``)
+    """A property or plain class attribute of :class:`Method` (``evaluated``, ``reads_every_client``)
     that a FedDEA takes from its host; read on the class, it is Method's own (a property
     object, ``"post-aggregation"``), as for any other method."""
 
@@ -205,7 +202,8 @@ def _host_hook(name: str, hook: Any) -> Any:
 
 # Every hook FedDEA does not define is the host's: the client behaviour, the run's checks and
 # participation, the server state, the logs. Set on the class, not left to `__getattr__`,
-# because Method gives every hook a default that `__getattr__` would never reach.
+# because Method gives every hook a default that `__getattr__` would never reach. `aggregate`
+# stays Method's: it makes the rows with FedDEA's `encoder_row` and runs FedDEA's `server_step`.
 for _name, _hook in {**vars(Aggregator), **vars(Method)}.items():
-    if not _name.startswith("_") and _name not in vars(FedDEA):
+    if not _name.startswith("_") and _name not in vars(FedDEA) and _name != "aggregate":
         setattr(FedDEA, _name, _host_hook(_name, _hook))

@@ -13,7 +13,6 @@ from fedmtl.aggregation.base import RoundInput, RoundOutput
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     cross_attention_update_flat,
-    gram_matrix,
     mean_rows,
 )
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
@@ -27,6 +26,13 @@ _HYPER_INIT_RANGE = (
 )
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
 DecoderMode = Literal["none", "cross_attention", "fedavg"]
+
+#: The encoder rows each encoder mode reads (``Method.encoder_rows``).
+_ENCODER_ROWS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "fedavg": ("trained",),
+    "conflict_averse": ("delta",),
+}
 
 _STATE_KEYS = {
     "round",
@@ -132,17 +138,12 @@ class FedHCA2(Method):
                 "round (its conflict-averse and cross-attention steps mix all updates): use 1, or another method"
             )
         super().__init__(participation=1.0)
-        encoders: dict[str, Callable[[RoundInput], Tensor]] = {
-            "none": self._encoders_local,
-            "fedavg": self._encoders_fedavg,
-            "conflict_averse": self._encoders_conflict_averse,
-        }
         decoders: dict[str, Callable[[RoundInput], Tensor]] = {
             "none": self._decoders_local,
             "fedavg": self._decoders_fedavg,
             "cross_attention": self._decoders_cross_attention,
         }
-        one_of("encoder", encoder, sorted(encoders))
+        one_of("encoder", encoder, sorted(_ENCODER_ROWS))
         one_of("decoder", decoder, sorted(decoders))
         within("c", c, "[0, 1)", " (the conflict-averse radius)", "; the paper uses 0.4")
         for name, value in [("alpha_init", alpha_init), ("beta_init", beta_init)]:
@@ -160,7 +161,6 @@ class FedHCA2(Method):
         self.hyper_weight_decay = float(hyper_weight_decay)
         self.encoder = encoder
         self.decoder = decoder
-        self._aggregate_encoders = encoders[encoder]
         self._aggregate_decoders = decoders[decoder]
         self._reset()
 
@@ -182,23 +182,7 @@ class FedHCA2(Method):
         self._encoder_update: Tensor | None = None  # Ũ^(r) [P], as applied in the last round
         self._decoder_update: Tensor | None = None  # A^(r) [K, Q]
 
-    # ------------------------------------------------------------------ aggregation
-
-    @torch.no_grad()
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        self._check_round(inputs)
-        if not self._clients:
-            self._start(inputs)
-        # Each part first steps its hyper weights with this round's deltas and last round's
-        # Ũ or A (from round 2 on), then applies them.
-        encoders = self._aggregate_encoders(inputs)
-        decoders = self._aggregate_decoders(inputs)
-        self._round = inputs.round
-        return RoundOutput(encoders=encoders, decoders=decoders)
-
-    # ------------------------------------------------------------------ streamed
-
-    streams = True
+    # ------------------------------------------------------------------ the server step
 
     #: The conflict-averse solve and the cross-attention mix every client's update each round.
     needs_every_client = True
@@ -208,11 +192,20 @@ class FedHCA2(Method):
         then follows this one."""
         self._round = round_
 
+    @property
+    def reads_every_client(self) -> bool:  # type: ignore[override]
+        """With ``encoder="fedavg"``, a client that did not train enters the mean with its
+        round-start encoder, so its ``"trained"`` row is read (the conflict-averse step reads
+        deltas, which are zero for such a client whether read or not)."""
+        return self.encoder == "fedavg"
+
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
-        return {"none": (), "fedavg": ("trained",), "conflict_averse": ("delta",)}[self.encoder]
+        return _ENCODER_ROWS[self.encoder]
 
     @torch.no_grad()
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        # Each part first steps its hyper weights with this round's deltas and last round's
+        # Ũ or A (from round 2 on), then applies them.
         self._check_round(inputs)
         if not self._clients:
             self._start(inputs)
@@ -223,15 +216,15 @@ class FedHCA2(Method):
             mean = encoders["trained"].weighted_sums(torch.full((1, n), 1.0 / n, dtype=torch.float64))
             mix = EncoderMix(mean, mixing=torch.ones(n, 1, dtype=torch.float64), own={})
         else:
-            mix = self._stream_conflict_averse(inputs, encoders["delta"])
+            mix = self._encoders_conflict_averse(inputs, encoders["delta"])
         decoders = self._aggregate_decoders(inputs)
         self._round = inputs.round
         return RoundOutput(encoders=mix, decoders=decoders)
 
-    def _stream_conflict_averse(self, inputs: RoundInput, deltas: EncoderRows) -> EncoderMix:
-        """:meth:`_encoders_conflict_averse` in two passes over the deltas: G (with ⟨Δ_i, Ũ^(r-1)⟩),
-        then the homogeneous groups' mean deltas and Ũ; client i gets
-        (θ_i^(r-1) + Δ_i) − Δ_i + Δ̄_g(i) + clamp(α_i)·Ũ."""
+    def _encoders_conflict_averse(self, inputs: RoundInput, deltas: EncoderRows) -> EncoderMix:
+        """Hyper Conflict-Averse encoders in two passes over the deltas: G (with ⟨Δ_i, Ũ^(r-1)⟩),
+        which steps α and gives Ũ's coefficients, then the homogeneous groups' mean deltas and
+        Ũ; client i gets (θ_i^(r-1) + Δ_i) − Δ_i + Δ̄_g(i) + clamp(α_i)·Ũ."""
         n = inputs.num_clients
         previous = self._encoder_update
         gram = deltas.gram([] if previous is None else [previous])
@@ -255,42 +248,14 @@ class FedHCA2(Method):
         }
         return EncoderMix(vectors, mixing, own)
 
-    # ------------------------------------------------------------------ stacked parts
-
-    def _encoders_local(self, inputs: RoundInput) -> Tensor:
-        return inputs.encoders_prev + inputs.encoder_deltas
+    # ------------------------------------------------------------------ decoders (stacked)
 
     def _decoders_local(self, inputs: RoundInput) -> Tensor:
         return inputs.decoders_prev + inputs.decoder_deltas
 
-    def _encoders_fedavg(self, inputs: RoundInput) -> Tensor:
-        # mean(prev + deltas), by linearity without another [N, P] temporary.
-        mean = mean_rows(inputs.encoders_prev) + mean_rows(inputs.encoder_deltas)
-        return mean.repeat(inputs.num_clients, 1)
-
     def _decoders_fedavg(self, inputs: RoundInput) -> Tensor:
         mean = mean_rows(inputs.decoders_prev) + mean_rows(inputs.decoder_deltas)
         return mean.repeat(inputs.num_decoders, 1)
-
-    def _encoders_conflict_averse(self, inputs: RoundInput) -> Tensor:
-        deltas, n = inputs.encoder_deltas, inputs.num_clients
-        previous = self._encoder_update
-        # One float64 pass over the deltas: G = D Dᵀ and, from round 2, ⟨Δ_i, Ũ^(r-1)⟩ as an extra row.
-        blocks = [deltas] if previous is None else [deltas, previous.to(deltas.device)[None]]
-        gram = gram_matrix(blocks).cpu()
-        if previous is not None:
-            self._step(self._alpha, -gram[:n, n])
-        coefficients = conflict_averse_coefficients(gram[:n, :n], self.c, self.rescale)  # Ũ = vᵀ D
-        alpha = self._alpha.clamp(0, 1)  # as applied this round, after the update
-        # θ_i = prev_i + Σ_j (M_ij + clamp(α_i) v_j) Δ_j: M averages homogeneous groups, so the
-        # whole personalised update is one [N, N] × [N, P] product added to prev.
-        mixing = torch.zeros(n, n, dtype=torch.float64)
-        for group in inputs.homogeneous_groups():  # a handful of groups, N×N numbers
-            mixing[torch.tensor(group)[:, None], torch.tensor(group)] = 1.0 / len(group)
-        mixing += alpha[:, None] * coefficients[None, :]
-        like = dict(device=deltas.device, dtype=deltas.dtype)
-        self._encoder_update = coefficients.to(**like) @ deltas  # Ũ [P], kept for the next round
-        return torch.addmm(inputs.encoders_prev, mixing.to(**like), deltas)
 
     def _decoders_cross_attention(self, inputs: RoundInput) -> Tensor:
         deltas, layout = inputs.decoder_deltas, inputs.decoder_layout

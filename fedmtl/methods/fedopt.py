@@ -105,7 +105,7 @@ class FedOpt(FedAvg):
             out[targets] = new
         return out
 
-    # ------------------------------------------------------------------ streamed
+    # ------------------------------------------------------------------ the encoders
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return () if self.encoder_scope == "none" else ("prev", "delta")
@@ -113,7 +113,7 @@ class FedOpt(FedAvg):
     def _stream_groups(
         self, groups: Groups, encoders: Mapping[str, EncoderRows], inputs: RoundInput
     ) -> EncoderMix:
-        """The streamed :meth:`_combine` of the encoders: per group with a member that trained,
+        """:meth:`_combine` of the encoders, on their rows: per group with a member that trained,
         x and Δ as weighted sums of the prev and delta rows, one optimiser step, the result to
         the group's targets; the other clients keep what they trained."""
         live = [(key, sources, targets) for key, (sources, targets) in groups.items() if sources]
@@ -123,7 +123,7 @@ class FedOpt(FedAvg):
         x, delta = encoders["prev"].weighted_sums(weights), encoders["delta"].weighted_sums(weights)
         stepped = []
         for g, (key, _, _) in enumerate(live):
-            name = f"encoders/{key}"  # the stacked step's name, so checkpoints of either resume the other
+            name = f"encoders/{key}"  # as the stacked step named it: earlier checkpoints resume
             new, self.moments[name] = self.optimizer.step(x[g], delta[g], self.moments.get(name))
             stepped.append(new)
         return EncoderMix(torch.stack(stepped), mixing, own={"trained": trained})

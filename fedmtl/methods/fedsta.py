@@ -75,24 +75,16 @@ class FedSTA(FedAvg):
     def frozen(self, model: nn.Module, round_: int) -> list[nn.Module]:
         return [model.encoder] if self.in_phase_b(round_) else []
 
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        if self.in_phase_b(inputs.round):  # nothing is aggregated: every client keeps its own
-            return RoundOutput(
-                encoders=inputs.encoders_prev + inputs.encoder_deltas,
-                decoders=inputs.decoders_prev + inputs.decoder_deltas,
-            )
-        return super().aggregate(inputs)
-
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return () if self.in_phase_b(round_) else super().encoder_rows(round_)
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
-        if self.in_phase_b(inputs.round):
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+        if self.in_phase_b(inputs.round):  # nothing is aggregated: every client keeps its own
             return RoundOutput(
                 encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
                 decoders=inputs.decoders_prev + inputs.decoder_deltas,
             )
-        return super().aggregate_streamed(inputs, encoders)
+        return super().server_step(inputs, encoders)
 
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         if not self.in_phase_b(ctx.round):  # phase B: the client keeps the bits it trained

@@ -23,18 +23,10 @@ class Local(Method):
     evaluated = "local"
     shared_parts = frozenset()  # nothing leaves a client: no cost, and a new client starts from its own draw
 
-    def aggregate(self, inputs: RoundInput) -> RoundOutput:
-        return RoundOutput(
-            encoders=inputs.encoders_prev + inputs.encoder_deltas,
-            decoders=inputs.decoders_prev + inputs.decoder_deltas,
-        )
-
-    streams = True
-
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return ()
 
-    def aggregate_streamed(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
+    def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
         return RoundOutput(
             encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
             decoders=inputs.decoders_prev + inputs.decoder_deltas,

@@ -18,7 +18,9 @@ P = 3
 DECODERS = {0: [0], 1: [1], 2: [2, 3]}  # client -> its rows in the decoder stack
 
 
-def _receipt(round_: int, own_trained: list[float], own_delta: list[float] | None = None, kept=None) -> Receipt:
+def _receipt(
+    round_: int, own_trained: list[float], own_delta: list[float] | None = None, kept=None
+) -> Receipt:
     n = len(own_trained)
     own = {"trained": torch.tensor(own_trained, dtype=torch.float64)}
     if own_delta is not None:

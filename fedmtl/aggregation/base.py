@@ -249,11 +249,20 @@ class RoundOutput:
     per input head group, or None (heads stay as the clients trained them). The server step
     returns the encoders as an :class:`~fedmtl.aggregation.stream.EncoderMix`; ``aggregate``
     as a Tensor.
+
+    ``decoders_kept`` ([K] bool) and ``heads_kept`` (per head group, [owners] bool) mark the
+    rows the step leaves as the client holds them (None: none). The engine gives a client that
+    did not train this round no rows (its ``prev`` reads as NaN, its delta as zero) unless the
+    method reads every client (``Method.reads_every_client`` / ``needs_every_client``); a row
+    of such a client that the step keeps stays the client's own, and any other row of the
+    output must not depend on it.
     """
 
     encoders: Tensor | EncoderMix  # [N, P]
     decoders: Tensor  # [K, Q]
     heads: list[Tensor] | None = None
+    decoders_kept: Tensor | None = None
+    heads_kept: list[Tensor] | None = None
 
     def check_against(self, inputs: RoundInput) -> None:
         """Raise ValueError unless shapes, dtypes and devices match ``inputs``."""

@@ -59,9 +59,13 @@ class Pool:
         self._local = {}
         for k, (i, task) in enumerate(mine):
             self._local.setdefault(i, []).append((k, task))
-        # Zeros until a client's rows are written: a client that is not loaded this round
-        # (it does not train, and the method does not read it) gives zero rows.
-        self.prev = torch.zeros(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
+        # A client that is not loaded this round (it does not train, and the method does not
+        # read every client) gives no rows: its start reads as NaN, so a server step that used
+        # it for a row it does not keep would fail loudly (RoundOutput.decoders_kept), and its
+        # delta as zero.
+        self.prev = torch.full(
+            (len(mine), self.layout.numel), torch.nan, device=self.device, dtype=WIRE_DTYPE
+        )
         self.delta = torch.zeros(len(mine), self.layout.numel, device=self.device, dtype=WIRE_DTYPE)
 
     def rows_of(self, client: int) -> list[tuple[int, str]]:

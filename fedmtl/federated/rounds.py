@@ -425,14 +425,22 @@ class Round:
     def check_output(self, output: RoundOutput) -> None:
         """The server step must not create NaN/inf from finite updates (an overflow, a bug)."""
         specs, clients = self.clients.specs, self.clients
-        stacks = [("decoder", output.decoders, [f"{specs[i].name}/{t}" for i, t in clients.owners])]
+        decoders = [f"{specs[i].name}/{t}" for i, t in clients.owners]
+        stacks = [("decoder", output.decoders, decoders, output.decoders_kept)]
         if isinstance(output.encoders, EncoderMix):  # the shared vectors; a client's own rows are finite
             vectors = output.encoders.vectors
-            stacks.append(("encoder", vectors, [f"shared encoder vector {g}" for g in range(len(vectors))]))
-        for stack, (_, task, owners) in zip(output.heads or [], clients.head_groups, strict=False):
-            stacks.append(("head", stack, [f"{specs[i].name}/{task}" for i in owners]))
-        for what, stack, owner in stacks:
+            stacks.append(
+                ("encoder", vectors, [f"shared encoder vector {g}" for g in range(len(vectors))], None)
+            )
+        heads_kept = output.heads_kept or [None] * len(output.heads or [])
+        for stack, kept, (_, task, owners) in zip(
+            output.heads or [], heads_kept, clients.head_groups, strict=False
+        ):
+            stacks.append(("head", stack, [f"{specs[i].name}/{task}" for i in owners], kept))
+        for what, stack, owner, kept in stacks:
             finite = torch.isfinite(stack).all(dim=1).cpu()
+            if kept is not None:  # a kept row of a client that did not train is no output
+                finite |= kept.cpu()
             if not bool(finite.all()):
                 rows = [owner[k] for k in torch.nonzero(~finite).flatten().tolist()]
                 raise RunStopped(

@@ -88,7 +88,7 @@ class FedAvg(Method):
     def _encoder_keys(inputs: RoundInput) -> list[str]:
         return ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
 
-    def _decoders(self, inputs: RoundInput) -> Tensor:
+    def _decoders(self, inputs: RoundInput) -> tuple[Tensor, Tensor]:
         return self._pool(
             "decoders",
             self.decoder_scope,
@@ -113,7 +113,9 @@ class FedAvg(Method):
             lambda: encoders["trained"].gram(rows=participating),  # clusters on the trained rows
         )
         mix = self._stream_groups(groups, encoders, inputs)
-        return RoundOutput(encoders=mix, decoders=self._decoders(inputs), heads=self._heads(inputs))
+        decoders, decoders_kept = self._decoders(inputs)
+        heads, heads_kept = self._heads(inputs)
+        return RoundOutput(mix, decoders, heads, decoders_kept=decoders_kept, heads_kept=heads_kept)
 
     def _stream_groups(
         self, groups: Groups, encoders: Mapping[str, EncoderRows], inputs: RoundInput
@@ -160,18 +162,21 @@ class FedAvg(Method):
     def shares_heads(self) -> bool:
         return self.head_scope != "none"
 
-    def _heads(self, inputs: RoundInput) -> list[Tensor] | None:
-        """Each head group combined over its owners that trained (``head_scope: same_task``)."""
+    def _heads(self, inputs: RoundInput) -> tuple[list[Tensor] | None, list[Tensor] | None]:
+        """Each head group combined over its owners that trained (``head_scope: same_task``),
+        and the rows it keeps (a group nobody trained in)."""
         if not self.shares_heads:
-            return None
+            return None, None
         taking_part = set(inputs.participating_clients)
-        out = []
+        out, kept = [], []
         for group in inputs.heads:
             rows = list(range(len(group.owners)))
             trained = [j for j in rows if group.owners[j] in taking_part]
             counts = [inputs.clients[i].num_samples for i in group.owners]
-            out.append(self._combine("heads", group.prev, group.deltas, {group.key: (trained, rows)}, counts))
-        return out
+            groups = {group.key: (trained, rows)}
+            out.append(self._combine("heads", group.prev, group.deltas, groups, counts))
+            kept.append(kept_rows(groups, len(rows)))
+        return out, kept
 
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         """A pool with scope ``none`` keeps the bits the client trained (the server's row,
@@ -191,15 +196,15 @@ class FedAvg(Method):
         keys: Sequence[str],
         participating: list[int],
         num_samples: list[int],
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         """One stacked pool's new rows (decoders; the encoders go through :meth:`server_step`):
-        the scope's groups of rows, combined by :meth:`_combine`."""
+        the scope's groups of rows, combined by :meth:`_combine`; and the rows it keeps."""
 
         def gram() -> Tensor:  # of the participating rows' trained parameters
             return gram_matrix(prev[participating] + deltas[participating]).cpu()
 
         groups = self._scope_groups(scope, keys, participating, gram)
-        return self._combine(pool, prev, deltas, groups, num_samples)
+        return self._combine(pool, prev, deltas, groups, num_samples), kept_rows(groups, len(keys))
 
     def _scope_groups(
         self, scope: Scope, keys: Sequence[str], participating: list[int], gram: Callable[[], Tensor]
@@ -245,3 +250,13 @@ class FedAvg(Method):
             f"weighted={self.weighted}, num_clusters={self.num_clusters}, participation={self.participation}, "
             f"head_scope={self.head_scope!r})"
         )
+
+
+def kept_rows(groups: Groups, num_rows: int) -> Tensor:
+    """[num_rows] bool: the rows no group with a member that trained writes (they keep what the
+    client holds: ``RoundOutput.decoders_kept``)."""
+    kept = torch.ones(num_rows, dtype=torch.bool)
+    for sources, targets in groups.values():
+        if sources and targets:
+            kept[targets] = False
+    return kept

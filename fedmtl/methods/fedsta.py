@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor, nn
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
@@ -83,6 +84,7 @@ class FedSTA(FedAvg):
             return RoundOutput(
                 encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
                 decoders=inputs.decoders_prev + inputs.decoder_deltas,
+                decoders_kept=torch.ones(inputs.num_decoders, dtype=torch.bool),
             )
         return super().server_step(inputs, encoders)
 

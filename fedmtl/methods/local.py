@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor
 
 from fedmtl.aggregation.base import RoundInput, RoundOutput
@@ -30,6 +31,7 @@ class Local(Method):
         return RoundOutput(
             encoders=EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel),
             decoders=inputs.decoders_prev + inputs.decoder_deltas,
+            decoders_kept=torch.ones(inputs.num_decoders, dtype=torch.bool),
         )
 
     def receive(self, ctx: ClientContext, encoder: Tensor, decoders: Mapping[str, Tensor]) -> None:

@@ -216,10 +216,15 @@ def run(
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
     with open(run_dir / "metrics.csv") as f:
         values = {row["key"]: float(row["value"]) for row in csv.DictReader(f)}
-    sizes = [p.stat().st_size for p in (run_dir / "checkpoints").glob("round_*/client_*.pt")]
+    # A client's state is its parameters' file and, apart, its optimiser state's (client_N.optim.pt);
+    # a client that never trained has no file (it is drawn again from the seed)
+    sizes: dict[str, int] = {}
+    for path in (run_dir / "checkpoints").glob("round_*/client_*.pt"):
+        client = path.name.split(".")[0]
+        sizes[client] = sizes.get(client, 0) + path.stat().st_size
     clients = len(json.loads((run_dir / "results.json").read_text())["clients"])
-    # A client's state: the mean of the checkpoint's client files (all clients, one round)
-    state = sum(sizes) / len(sizes) if sizes else 0.0
+    # A client's state: the mean over the checkpoint's stored clients (one round)
+    state = sum(sizes.values()) / len(sizes) if sizes else 0.0
     shutil.rmtree(run_dir)
     # Method.participants: round(participation × clients) of them, at least one
     trained = max(1, round(participation * clients)) if participation < 1 else clients

@@ -219,8 +219,10 @@ class Simulation:
         receipts = self.receipts
         by_round = {int(r): Receipt.from_state_dict(state) for r, state in server.get("receipts", {}).items()}
         pending = {int(i): [int(r) for r in rounds] for i, rounds in server.get("pending", {}).items()}
+        drawn = set(server.get("drawn", ()))  # never stored: drawn again from the seed when needed
         for i in self.clients.mine:
-            self.clients.store.put(i, checkpoint.load_client(folder, i))
+            if i not in drawn:
+                self.clients.store.put(i, checkpoint.load_client(folder, i))
             if i not in pending:
                 continue
             receipts.pending[i] = pending[i]
@@ -243,8 +245,8 @@ class Simulation:
                 stored = clients.store.files_of(i)
                 if stored:
                     checkpoint.link_client(self.run_dir, number, i, stored)
-                else:
-                    checkpoint.write_client(self.run_dir, number, i, clients.stored(i))
+                elif i in clients.store:
+                    checkpoint.write_client(self.run_dir, number, i, clients.store.get(i))
                 for receipt in receipts.of(i):
                     for name in receipt.own_rows(i):
                         source = receipts.rows.files(receipt.round, i, name)
@@ -256,7 +258,7 @@ class Simulation:
                             )
                         )
                         checkpoint.write_row(self.run_dir, number, receipt.round, i, name, source, row)
-        pending = self._pending_everywhere()
+        pending, drawn = self._pending_everywhere()
         with self.ranks.phase(stop=False, undo=discard, round_=number):
             if self.ranks.is_zero:
                 rounds = sorted({r for rs in pending.values() for r in rs})
@@ -266,6 +268,7 @@ class Simulation:
                     **self.record.state_dict(),
                     "receipts": {r: receipts.by_round[r].state_dict() for r in rounds},
                     "pending": pending,
+                    "drawn": drawn,
                 }
                 checkpoint.publish(self.run_dir, number, server)
 
@@ -277,14 +280,21 @@ class Simulation:
         held = self.ranks.sum(held).cpu()
         self.receipts.prune({r for r in range(len(held)) if held[r]})
 
-    def _pending_everywhere(self) -> dict[int, list[int]]:
-        """Every client's pending receipts (each rank knows its own), in round order."""
+    def _pending_everywhere(self) -> tuple[dict[int, list[int]], list[int]]:
+        """Every client's pending receipts, in round order, and the clients never stored (a
+        client that has not trained is drawn again from the seed: the checkpoint holds no file
+        of it). Each rank knows its own."""
         n, rounds = len(self.clients), self.cfg.rounds
-        table = torch.zeros(n, rounds + 1, dtype=torch.int32, device=self.ranks.device)
+        table = torch.zeros(n, rounds + 2, dtype=torch.int32, device=self.ranks.device)
         for i, held in self.receipts.pending.items():
             table[i, held] = 1
+        for i in self.clients.mine:
+            table[i, -1] = int(i not in self.clients.store)
         table = self.ranks.sum(table).cpu()
-        return {i: [r for r in range(rounds + 1) if table[i, r]] for i in range(n) if bool(table[i].any())}
+        pending = {
+            i: [r for r in range(rounds + 1) if table[i, r]] for i in range(n) if bool(table[i, :-1].any())
+        }
+        return pending, [i for i in range(n) if table[i, -1]]
 
     # ------------------------------------------------------------------ evaluating a checkpoint
 

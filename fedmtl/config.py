@@ -471,12 +471,12 @@ class RunConfig:
             last round).
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more
             clients than fit in memory.
-        aggregation: how the server step takes the encoders. stacked: every client's encoder
-            before and after training as [N, P] stacks on every process; streamed: the rows the
-            method needs, one file per client in run_dir/store/rows, read a block of columns at
-            a time, so memory does not grow with N × P; auto: streamed once the stacks would
-            pass 1 GiB. Both run the method's one server step and give the same parameters up
-            to float rounding (1e-6 relative).
+        aggregation: where the server step's encoder rows live (the rows the method names, of
+            the clients that trained). stacked: in memory, gathered as [N, P] stacks on every
+            process; streamed: one file per client and row in run_dir/store/rows, read a block
+            of columns at a time, so memory does not grow with N × P; auto: streamed once the
+            stacks would pass 1 GiB. Both run the method's one server step and give the
+            same parameters up to float rounding.
     """
 
     clients: list[ClientGroup]

@@ -166,8 +166,9 @@ def stored_states(run_dir: Path, clients: int = TINY_CLIENTS) -> list[dict]:
     return [checkpoint.load_client(folder, i) for i in range(clients)]
 
 
-def run_states(run_dir: Path) -> list[dict]:
-    """:func:`fedmtl.federated.engine.checkpoint_states` of a finished run's directory."""
+def run_states(run_dir: Path, folder: Path | None = None) -> list[dict]:
+    """:func:`fedmtl.federated.engine.checkpoint_states` of a run's directory (its latest
+    checkpoint, or ``folder``)."""
     from fedmtl.cli import _instantiate, _run_parser
     from fedmtl.federated import rundir
     from fedmtl.federated.engine import checkpoint_states
@@ -176,7 +177,7 @@ def run_states(run_dir: Path) -> list[dict]:
     cfg_ns = rundir.read_config(parser, run_dir / "config.yaml")
     cfg_ns.run_dir = str(run_dir)
     cfg_ns.logger.wandb = False
-    return checkpoint_states(_instantiate(parser, cfg_ns))
+    return checkpoint_states(_instantiate(parser, cfg_ns), folder)
 
 
 # ---------------------------------------------------------------------------- a hand round

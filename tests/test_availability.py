@@ -196,14 +196,15 @@ def test_fedhca2_with_dropout_and_stragglers_is_the_same_on_two_devices(
     )
     config = _scenario(tmp_path, data_root, "FedHCA2", config_, 2, seed)
     zero_rows: dict[int, list[int]] = {}
-    aggregate = FedHCA2.aggregate
+    step = FedHCA2.server_step
 
-    def recording(self, inputs):
-        deltas = inputs.encoder_deltas.abs().sum(dim=1)
+    def recording(self, inputs, encoders):
+        rows = encoders["delta"]
+        deltas = rows.read(range(inputs.num_clients), slice(0, rows.numel)).abs().sum(dim=1)
         zero_rows[inputs.round] = [i for i in range(inputs.num_clients) if float(deltas[i]) == 0]
-        return aggregate(self, inputs)
+        return step(self, inputs, encoders)
 
-    monkeypatch.setattr(FedHCA2, "aggregate", recording)
+    monkeypatch.setattr(FedHCA2, "server_step", recording)
     one = fit(config, tmp_path / "one")
     err = capsys.readouterr().err
     assert err.count("note: availability.dropout 0.4: FedHCA2 mixes every client's update") == 1

@@ -177,7 +177,7 @@ def test_a_disk_store_gives_the_results_of_a_memory_store_and_cleans_up(tmp_path
 
 
 def test_data_scale_range_reaches_every_training_set(tmp_path, data_root, monkeypatch):
-    from fedmtl.federated import engine
+    from fedmtl.federated import clients as clients_module
 
     seen = []
 
@@ -185,8 +185,8 @@ def test_data_scale_range_reaches_every_training_set(tmp_path, data_root, monkey
         seen.append((args[2], kwargs.get("scale_range")))
         return build(*args, **kwargs)
 
-    build = engine.build_dataset
-    monkeypatch.setattr(engine, "build_dataset", recording)
+    build = clients_module.build_dataset
+    monkeypatch.setattr(clients_module, "build_dataset", recording)
     _fit(_config(tmp_path, data_root, rounds=1), tmp_path / "run", "--data.scale_range", "[1.0, 1.25]")
     assert {split for split, _ in seen} == {"train", "val"}
     assert {tuple(scale) for _, scale in seen} == {(1.0, 1.25)}

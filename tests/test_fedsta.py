@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from fedmtl.federated import checkpoint
 from fedmtl.methods import FedAvg, create_method
 from fedmtl.methods.fedsta import FedSTA
 from fedmtl.models import MultiTaskModel
@@ -25,6 +24,7 @@ from tests.helpers import (
     hand_clients,
     hand_round,
     recording_training,
+    run_states,
     tiny_config,
 )
 
@@ -136,8 +136,8 @@ def runs(module_dir, data_root) -> dict[str, dict]:
 
 
 def _round_states(run_dir: Path, round_: int) -> list[dict]:
-    folder = run_dir / "checkpoints" / f"round_{round_:04d}"
-    return [checkpoint.load_client(folder, i) for i in range(TINY_CLIENTS)]
+    """The clients as round ``round_``'s checkpoint leaves them (their receipts applied)."""
+    return run_states(run_dir, run_dir / "checkpoints" / f"round_{round_:04d}")[:TINY_CLIENTS]
 
 
 def _assert_same_track(a: dict, b: dict, where: object) -> None:

@@ -127,7 +127,7 @@ def test_held_out_clients_never_touch_the_federation(runs):
     folder = checkpoint.latest(runs["dir"])
     stored = checkpoint.load_server(folder)
     assert len(list(folder.glob("client_*"))) == TINY_CLIENTS, sorted(p.name for p in folder.iterdir())
-    assert stored["history"][-1]["metrics"]["held_out"]  # recorded with the last round
+    assert json.loads(stored["history"])[-1]["metrics"]["held_out"]  # recorded with the last round
 
 
 def test_held_out_clients_are_reported_apart(runs):

@@ -8,11 +8,13 @@ round in which only some clients train loads only those.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedmtl.aggregation.stream import EncoderMix
+from fedmtl.federated import checkpoint
 from fedmtl.federated.receipts import FileRowStore, Receipt, Receipts
-from tests.helpers import client_states, fit, stored_states, tiny_config
+from tests.helpers import client_states, file_hashes, fit, stored_states, tiny_config
 
 P = 3
 DECODERS = {0: [0], 1: [1], 2: [2, 3]}  # client -> its rows in the decoder stack
@@ -119,3 +121,47 @@ def test_the_checkpoint_keeps_trained_states_and_applying_their_receipts_shares_
     assert not same(stored[0], stored[1])  # each trained its own
     assert same(applied[0], applied[1]) and same(applied[0], applied[2])
     assert not same(applied[0], stored[0])
+
+
+@pytest.fixture(scope="module")
+def disk_rows(tmp_path_factory, data_root):
+    """FedHCA2 with its rows in files and its clients on disk, 3 rounds, uninterrupted: its
+    receipts name each client's own "delta" row, which checkpoints must carry."""
+    tmp = tmp_path_factory.mktemp("disk_rows")
+    config = tiny_config(
+        tmp, data_root, algorithm={"class_path": "FedHCA2"}, store="disk", aggregation="streamed"
+    )
+    return config, fit(config, tmp / "straight"), tmp
+
+
+@pytest.mark.parametrize(
+    "where",
+    [("fedmtl.federated.rounds.Round", "server_step"), ("fedmtl.federated.evaluator.Evaluator", "evaluate")],
+    ids=["server_step", "evaluate"],
+)
+def test_a_run_killed_in_any_phase_resumes_to_the_uninterrupted_runs_results(disk_rows, monkeypatch, where):
+    import importlib
+
+    config, straight, tmp = disk_rows
+    owner, name = where
+    module, cls = owner.rsplit(".", 1)
+    target = getattr(importlib.import_module(module), cls)
+    original = getattr(target, name)
+
+    def killed(self, *args, **kwargs):
+        number = getattr(self, "number", None)
+        if number == 3 or (number is None and self.fed.clients.receipts.held_rounds() == {3}):
+            raise KeyboardInterrupt("killed")
+        return original(self, *args, **kwargs)
+
+    run_dir = tmp / f"killed-{name}"
+    with monkeypatch.context() as patch:
+        patch.setattr(target, name, killed)
+        with pytest.raises(KeyboardInterrupt):
+            fit(config, run_dir)
+    assert checkpoint.latest(run_dir).name == "round_0002"
+    assert any(p.name.startswith("rows_r0002_") for p in checkpoint.latest(run_dir).iterdir())
+    assert fit(config, run_dir, "--resume", "true") == straight
+    # The final checkpoints hold the same bytes (server state, clients, pending receipts' rows)
+    last = "checkpoints/round_0003"
+    assert file_hashes(run_dir / last) == file_hashes(tmp / "straight" / last)

@@ -246,19 +246,20 @@ def test_a_server_step_that_creates_nan_stops_the_run_naming_the_rows(
 ):
     from fedmtl.methods import FedAvg
 
-    aggregate = FedAvg.aggregate
+    step = FedAvg.server_step
 
-    def broken(self, inputs):
-        out = aggregate(self, inputs)
-        out.encoders[1, 0] = math.nan
+    def broken(self, inputs, encoders):
+        out = step(self, inputs, encoders)
+        out.encoders.vectors[0, 0] = math.nan  # the shared mean every client takes
         return out
 
-    monkeypatch.setattr(FedAvg, "aggregate", broken)
+    monkeypatch.setattr(FedAvg, "server_step", broken)
     config = tiny_config(tmp_path, data_root, rounds=1, algorithm={"class_path": "FedAvg"})
     capsys.readouterr()
     assert main(_fit_args(config, tmp_path / "run")) == 1
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert "FedAvg's server step returned non-finite encoder parameters for pascal_context-sal" in error
+    clients = "pascal_context-semseg, pascal_context-sal, nyud-semseg+depth"  # every client takes the mean
+    assert f"FedAvg's server step returned non-finite encoder parameters for {clients}" in error
 
 
 def test_a_non_finite_evaluated_model_has_null_metrics_and_is_named_in_results(tmp_path, data_root, capsys):

@@ -108,7 +108,7 @@ def test_disk_store_checkpoints_share_its_files_and_keep_their_rounds_bytes(tmp_
 
 
 def test_each_dataset_and_task_set_is_read_once_for_all_its_clients(tmp_path, data_root, monkeypatch):
-    from fedmtl.federated import engine
+    from fedmtl.federated import clients as clients_module
 
     built = []
 
@@ -116,8 +116,8 @@ def test_each_dataset_and_task_set_is_read_once_for_all_its_clients(tmp_path, da
         built.append((args[0], tuple(kwargs["tasks"]), args[2]))
         return build(*args, **kwargs)
 
-    build = engine.build_dataset
-    monkeypatch.setattr(engine, "build_dataset", recording)
+    build = clients_module.build_dataset
+    monkeypatch.setattr(clients_module, "build_dataset", recording)
     groups = [
         {
             "dataset": "pascal_context",

@@ -80,18 +80,7 @@ class Simulation:
         # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
         bars = self.ranks.is_zero and interactive()
         self.federation = Federation(
-            cfg,
-            self.ranks,
-            self.clients,
-            self.method,
-            trainer,
-            encoder,
-            decoder,
-            heads,
-            rows,
-            None,
-            None,
-            bars,  # type: ignore[arg-type]
+            cfg, self.ranks, self.clients, self.method, trainer, encoder, decoder, heads, rows, bars
         )
         self.evaluator = self.federation.evaluator = Evaluator(self.federation)
         self.record = self.federation.record = RunRecord(
@@ -442,10 +431,12 @@ def evaluate_checkpoint(cfg: RunConfig, output: Path | None = None) -> dict[str,
     return summary
 
 
-def checkpoint_states(cfg: RunConfig) -> list[ClientState]:
-    """Every client's state in a run's latest checkpoint with its pending receipts applied: the
-    clients as the run leaves them (one process; for studies and tests)."""
-    folder, _ = checkpoint.resumable(cfg.run_dir)
+def checkpoint_states(cfg: RunConfig, folder: Path | None = None) -> list[ClientState]:
+    """Every client's state in a run's latest checkpoint (or checkpoint ``folder``) with its
+    pending receipts applied: the clients as the run leaves them (one process; for studies
+    and tests)."""
+    if folder is None:
+        folder, _ = checkpoint.resumable(cfg.run_dir)
     if folder is None:
         raise FileNotFoundError(
             f"no checkpoint in {Path(cfg.run_dir) / 'checkpoints'}: run `fedmtl fit` first"

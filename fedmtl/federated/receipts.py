@@ -27,6 +27,7 @@ chosen as the run's ``aggregation`` setting says.
 from __future__ import annotations
 
 import abc
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +62,8 @@ class Receipt:
             output.encoders,  # type: ignore[arg-type] - the engine's step always gives a mix
             output.decoders.cpu(),
             None if output.heads is None else [h.cpu() for h in output.heads],
-            getattr(output, "decoders_kept", None),
-            getattr(output, "heads_kept", None),
+            output.decoders_kept,
+            output.heads_kept,
         )
 
     def own_rows(self, client: int) -> list[str]:
@@ -230,8 +231,6 @@ class FileRowStore(RowStore):
         return path if path.is_file() else None
 
     def clear(self) -> None:
-        import shutil
-
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

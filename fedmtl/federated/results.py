@@ -48,16 +48,17 @@ class RunRecord:
         self.traffic_rounds += 1
 
     def state_dict(self) -> dict[str, Any]:
-        # The cost as JSON text: pickling the dict would share the client-name strings it has
-        # in common with the history only in an uninterrupted run, and the checkpoint's bytes
-        # would depend on whether the run was resumed.
+        # As JSON text: pickled, the strings the history and the cost have in common (client
+        # names, keys) would be shared differently in a resumed run, which reads part of them
+        # back, and the checkpoint's bytes would depend on whether the run was resumed.
         return {
-            "history": self.history,
+            "history": json.dumps(self.history),
             "communication": {"rounds": self.traffic_rounds, "totals": json.dumps(self.traffic)},
         }
 
     def load_state_dict(self, server: dict[str, Any]) -> None:
-        self.history = server["history"]
+        history = server["history"]  # a list in checkpoints written before it was JSON text
+        self.history = json.loads(history) if isinstance(history, str) else history
         # A checkpoint written before the cost was counted has none: its rounds go uncounted.
         counted = server.get("communication", {"rounds": 0, "totals": "{}"})
         self.traffic, self.traffic_rounds = json.loads(counted["totals"]), int(counted["rounds"])

@@ -26,7 +26,7 @@ import functools
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -73,9 +73,10 @@ class Federation:
     decoder_layout: FlatLayout
     head_layouts: list[FlatLayout]
     rows: RowStore
-    evaluator: Evaluator
-    record: RunRecord
     bars: bool = False  # progress bars (rank 0 on a terminal)
+    # Built on the federation once it exists (Simulation.__init__)
+    evaluator: Evaluator = field(init=False)
+    record: RunRecord = field(init=False)
 
     def context(
         self, i: int, module: ClientModule, state: ClientState, round_: int, work: float = 1.0
@@ -428,10 +429,13 @@ class Round:
         decoders = [f"{specs[i].name}/{t}" for i, t in clients.owners]
         stacks = [("decoder", output.decoders, decoders, output.decoders_kept)]
         if isinstance(output.encoders, EncoderMix):  # the shared vectors; a client's own rows are finite
-            vectors = output.encoders.vectors
-            stacks.append(
-                ("encoder", vectors, [f"shared encoder vector {g}" for g in range(len(vectors))], None)
-            )
+            mix = output.encoders
+            takers = [  # each vector named by the clients whose new encoder takes it
+                ", ".join(specs[i].name for i in torch.nonzero(mix.mixing[:, g]).flatten().tolist())
+                or f"no client (shared encoder vector {g})"
+                for g in range(len(mix.vectors))
+            ]
+            stacks.append(("encoder", mix.vectors, takers, None))
         heads_kept = output.heads_kept or [None] * len(output.heads or [])
         for stack, kept, (_, task, owners) in zip(
             output.heads or [], heads_kept, clients.head_groups, strict=False

@@ -22,6 +22,7 @@ from tests.helpers import (
     fit,
     fit_in_processes,
     fit_killed_in_round,
+    run_states,
     tiny_config,
 )
 
@@ -133,8 +134,10 @@ def _logged(run_dir: Path, key: str) -> dict[int, float]:
 
 
 def _states(run_dir: Path, round_: int) -> list[dict]:
+    """The clients as round ``round_``'s checkpoint leaves them: stored, their receipts
+    applied, or drawn again if never stored."""
     folder = run_dir / "checkpoints" / f"round_{round_:04d}"  # the two latest rounds are kept
-    return [checkpoint.load_client(folder, i) for i in range(TINY_CLIENTS)]
+    return run_states(run_dir, folder)[:TINY_CLIENTS]
 
 
 def _names(results: dict) -> list[str]:

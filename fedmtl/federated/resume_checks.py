@@ -125,9 +125,10 @@ def check_inputs(cfg: Any, resume: bool, doing: str = "resume") -> dict[str, Any
         return fingerprint
     folder, _ = checkpoint.resumable(run_dir)
     if folder is not None:  # the engine reads them again: a NaN found there would stop one rank only
-        checkpoint.load_server(folder)
+        drawn = set(checkpoint.load_server(folder).get("drawn", ()))  # never stored: no file
         for client in range(count_clients(cfg)):
-            checkpoint.load_client(folder, client)
+            if client not in drawn:
+                checkpoint.load_client(folder, client)
     saved_path = run_dir / FINGERPRINT
     if not saved_path.is_file():
         print(

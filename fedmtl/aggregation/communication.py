@@ -89,7 +89,7 @@ def senders_and_receivers(
 ) -> tuple[set[int], set[int]]:
     """(uploading, downloading) clients of a round: a client that trained (``trained`` None:
     every client) uploads, its update dropped or not; every other client downloads what the
-    server gives it (the engine's write-back), a non-participant included, except those that
+    server gives it (its receipt), a non-participant included, except those that
     ``receive_nothing`` (a dropped update or an unavailable client keeps its state)."""
     everyone = set(range(num_clients))
     uploading = everyone if trained is None else set(trained)

@@ -175,6 +175,13 @@ class MemoryRowStore(RowStore):
             out[name] = _KeepingRows(name, stack, self, round_, mine)
         return out
 
+    def write_columns(
+        self, round_: int, client: int, name: str, numel: int, columns: slice, part: Tensor
+    ) -> None:
+        """Columns ``columns`` of a row (of ``numel``) the server step makes, a block at a time."""
+        row = self._rows.setdefault((round_, client, name), torch.zeros(numel))
+        row[columns] = part
+
     def drop(self, round_: int, client: int, name: str) -> None:
         self._rows.pop((round_, client, name), None)
 
@@ -197,9 +204,7 @@ class _KeepingRows(StackedRows):
 
     def write(self, name: str, columns: slice, block: Tensor) -> None:
         for i in self._mine:
-            key = (self._round, i, name)
-            row = self._store._rows.setdefault(key, torch.zeros(self.numel))
-            row[columns] = block[i]
+            self._store.write_columns(self._round, i, name, self.numel, columns, block[i])
 
 
 class FileRowStore(RowStore):

@@ -457,8 +457,8 @@ class Round:
         """A round in which no client trained (all unavailable): no server step, every client
         keeps its state; the method is told (:meth:`~fedmtl.methods.base.Method.skip_round`)."""
         self.method.skip_round(self.number)
-        if self.fed.rows is not None and self.clients.receipts is not None:
-            self.clients.receipts.drop_unneeded(self.number, self.method.encoder_rows(self.number))
+        assert self.clients.receipts is not None
+        self.clients.receipts.drop_unneeded(self.number, self.method.encoder_rows(self.number))
         if self.ranks.is_zero:
             print(
                 f"warning: round {self.number}: all {len(unavailable)} clients that would train are unavailable "

@@ -106,7 +106,7 @@ class FedDEA(Method):
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
         """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'. A client
         the host leaves as it is (``encoder_scope: none``) keeps its own, unmasked encoder at
-        write-back, whatever this row (the host's ``receive`` ignores that row)."""
+        when its receipt is applied, whatever this row (the host's ``receive`` ignores that row)."""
         if name not in ("trained", "delta") or self.rho == 1:  # ρ = 1: the host's own rows
             return self.host.encoder_row(name, prev, trained, layout)
         masked = self.transform((trained - prev)[None], layout)[0]

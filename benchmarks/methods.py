@@ -248,20 +248,22 @@ def client_state_sizes(run_dir: Path) -> dict[str, float]:
     """Mean bytes per client of the final checkpoint: ``file``, each part of the federated
     track, ``track`` (their sum) and ``personal``."""
     from fedmtl.federated import checkpoint
+    from fedmtl.federated.store import safe_load
 
     folder = checkpoint.latest(run_dir)
     if folder is None:
         raise FileNotFoundError(f"no checkpoint in {run_dir}")
     files = sorted(folder.glob("client_*.pt"))
     sizes: dict[str, float] = defaultdict(float)
+    clients = {path.name.split(".")[0] for path in files}  # client_N.pt and client_N.optim.pt
     for path in files:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = safe_load(path)
         sizes["file"] += path.stat().st_size
         for key in TRACK:
             sizes[key] += tensor_bytes(state.get(key))
         sizes["personal"] += tensor_bytes(state.get("personal"))
     sizes["track"] = sum(sizes[key] for key in TRACK)
-    return {k: v / len(files) for k, v in sizes.items()}
+    return {k: v / len(clients) for k, v in sizes.items()}
 
 
 def state_table(sizes: dict[str, dict[str, float]], rounds: int) -> list[str]:

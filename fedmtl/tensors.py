@@ -6,7 +6,7 @@ Kept out of both packages so that the dependency runs one way: ``fedmtl.federate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,26 @@ def to_host(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(to_host(v) for v in obj)
     return obj
+
+
+def load_into(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """``module.load_state_dict(state)`` for a ``state`` with exactly the module's keys, in one
+    batched copy: the per-module walk of ``load_state_dict`` costs more than the copy itself
+    for a small model, and the engine loads several per client a round. Any other ``state``
+    goes through ``load_state_dict`` (and its error)."""
+    targets = module.state_dict(keep_vars=True)
+    if targets.keys() != state.keys() or any(
+        t.shape != s.shape for t, s in zip(targets.values(), (state[k] for k in targets), strict=True)
+    ):
+        module.load_state_dict(state)
+        return
+    with torch.no_grad():
+        torch._foreach_copy_(list(targets.values()), [state[k] for k in targets])
+
+
+def host_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``to_host(module.state_dict())``, without the walk over every tensor's type."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict(keep_vars=True).items()}
 
 
 def parameters_of(modules: Sequence[nn.Module]) -> list[nn.Parameter]:

@@ -22,8 +22,9 @@ from PIL import Image
 
 from fedmtl.cli import _run_parser, main
 from fedmtl.data.layout import NYUDLayout, read_split
-from fedmtl.federated import checkpoint
+from fedmtl.federated import checkpoint, packing
 from fedmtl.federated.integrity import CHECKSUMS, verify
+from fedmtl.federated.store import safe_load
 from tests.helpers import file_hashes, read_results, refused_keeping, tiny_config
 
 
@@ -147,11 +148,11 @@ def test_a_checkpoint_holding_nan_is_refused_even_with_a_valid_checksum(finished
     """A NaN written into the file and its sha256 recomputed: the checksum cannot tell, the
     finite check does (and does not fall back: the run's own writer never writes one)."""
     path = _client_file(run_dir)
-    state = torch.load(path, weights_only=True)
+    state = safe_load(path)
     state["model"] = {
         k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state["model"].items()
     }
-    torch.save(state, path)
+    torch.save(packing.pack(state), path)
     sums = path.parent / CHECKSUMS
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     sums.write_text(

@@ -14,6 +14,7 @@ import torch
 from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.federated import checkpoint
 from fedmtl.federated.receipts import FileRowStore, Receipt, Receipts
+from fedmtl.federated.store import ENCODER_ROW, safe_load
 from tests.helpers import client_states, file_hashes, fit, stored_states, tiny_config
 
 P = 3
@@ -163,5 +164,57 @@ def test_a_run_killed_in_any_phase_resumes_to_the_uninterrupted_runs_results(dis
     assert any(p.name.startswith("rows_r0002_") for p in checkpoint.latest(run_dir).iterdir())
     assert fit(config, run_dir, "--resume", "true") == straight
     # The final checkpoints hold the same bytes (server state, clients, pending receipts' rows)
+    last = "checkpoints/round_0003"
+    assert file_hashes(run_dir / last) == file_hashes(tmp / "straight" / last)
+
+
+@pytest.fixture(scope="module")
+def encoders_in_rows(tmp_path_factory, data_root):
+    """FedAvg (two of three clients a round) with its "trained" rows in files and its clients
+    on disk, 3 rounds, uninterrupted: a stored client's encoder stays in its row."""
+    tmp = tmp_path_factory.mktemp("encoders_in_rows")
+    algorithm = {"class_path": "FedAvg", "init_args": {"participation": 0.67}}
+    config = tiny_config(tmp, data_root, algorithm=algorithm, store="disk", aggregation="streamed")
+    return config, fit(config, tmp / "straight"), tmp
+
+
+def test_a_stored_client_leaves_its_encoder_in_its_trained_row_and_reads_back_whole(encoders_in_rows):
+    config, straight, tmp = encoders_in_rows
+    folder = checkpoint.latest(tmp / "straight")
+    raw = safe_load(folder / "client_0000.pt")
+    keys = raw[ENCODER_ROW]["keys"]
+    assert keys and all(k.startswith("encoder.") for k in keys)
+    assert not set(keys) & set(raw["model"])  # the file holds the encoder's buffers, not its parameters
+    assert (folder / f"rows_r{raw[ENCODER_ROW]['round']:04d}_client_0000.trained.f32").is_file()
+    # The same run with its clients in memory stores whole states: the same clients, bit for bit
+    assert fit(config, tmp / "memory", "--store", "memory") == straight
+    for disk, memory in zip(stored_states(tmp / "straight"), stored_states(tmp / "memory"), strict=True):
+        assert list(disk["model"]) == list(memory["model"])
+        assert all(torch.equal(disk["model"][k], memory["model"][k]) for k in memory["model"])
+
+
+def test_a_run_whose_encoders_are_in_rows_resumes_after_a_kill_bit_for_bit(encoders_in_rows, monkeypatch):
+    """Killed in round 3 once a client was stored with its round-3 row: the resume reads the
+    checkpoint, not what the killed attempt left in the store."""
+    from fedmtl.federated.rounds import Round
+
+    config, straight, tmp = encoders_in_rows
+    run_dir = tmp / "killed"
+    original, trained = Round.train_client, []
+
+    def killed(self, i, *args):
+        if self.number == 3 and trained:
+            raise KeyboardInterrupt("killed")
+        out = original(self, i, *args)
+        if self.number == 3 and args[1]:  # it took part: stored
+            trained.append(i)
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Round, "train_client", killed)
+        with pytest.raises(KeyboardInterrupt):
+            fit(config, run_dir)
+    assert trained and checkpoint.latest(run_dir).name == "round_0002"
+    assert fit(config, run_dir, "--resume", "true") == straight
     last = "checkpoints/round_0003"
     assert file_hashes(run_dir / last) == file_hashes(tmp / "straight" / last)

@@ -31,7 +31,17 @@ import numpy as np
 import torch
 
 from fedmtl.federated import integrity
-from fedmtl.federated.store import ClientState, atomic_save, join_state, safe_load, training_file, writing
+from fedmtl.federated.store import (
+    ClientState,
+    atomic_save,
+    encoder_row_numel,
+    encoder_row_of,
+    join_state,
+    safe_load,
+    training_file,
+    with_encoder,
+    writing,
+)
 
 _ROUND = re.compile(r"round_\d{4,}")  # a round folder's name (not .tmp, not .superseded)
 SUPERSEDED = ".superseded"  # suffix of a complete folder a rerun of its round replaced
@@ -108,8 +118,8 @@ def write_row(
     source: Path | None,
     row: Any = None,
 ) -> None:
-    """A row that a pending receipt of ``client`` names (of round ``receipt_round``): linked
-    from its row file ``source``, or written from ``row``."""
+    """A row of ``client`` of round ``receipt_round`` that a pending receipt names or that holds
+    its stored encoder: linked from its row file ``source``, or written from ``row``."""
     path = staging_dir(run_dir, round_) / _row_name(receipt_round, client, name)
     if source is not None:
         link_file(source, path)
@@ -127,7 +137,8 @@ def write_row(
 
 
 def load_row(folder: Path, receipt_round: int, client: int, name: str, numel: int) -> Any:
-    """A pending receipt's row from checkpoint ``folder`` (see :func:`write_row`)."""
+    """A row of ``client`` from checkpoint ``folder`` (see :func:`write_row`): one a pending
+    receipt names, or the ``"trained"`` row holding its stored encoder."""
     path = folder / _row_name(receipt_round, client, name)
     if not path.is_file():
         raise FileNotFoundError(
@@ -138,7 +149,7 @@ def load_row(folder: Path, receipt_round: int, client: int, name: str, numel: in
         raise ValueError(
             f"{path} holds {data.size} numbers, not the {numel} of a row; resume from another checkpoint"
         )
-    return torch.from_numpy(data)
+    return integrity.finite(torch.from_numpy(data), path, f"client {client}'s row {name!r}")
 
 
 def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 2) -> Path:
@@ -241,13 +252,19 @@ def load_server(folder: Path) -> dict[str, Any]:
     return integrity.finite(safe_load(folder / "server.pt"), folder / "server.pt", "the server state")
 
 
-def load_client(folder: Path, client: int, params_only: bool = False) -> ClientState:
+def load_client(folder: Path, client: int, params_only: bool = False, whole: bool = True) -> ClientState:
     """Client ``client``'s state in checkpoint ``folder`` (``params_only``: without the optimiser
-    and schedule state a disk store keeps apart)."""
+    and schedule state a disk store keeps apart). ``whole``: with its encoder read back from
+    the checkpoint's row when the state left it there (``store.without_encoder``); false: as
+    stored (a resume puts the row back into the run's row store)."""
     path = folder / f"client_{client:04d}.pt"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no state for client {client} ({path.name})")
     state = integrity.finite(safe_load(path), path, f"client {client}'s state")
+    row_round = encoder_row_of(state)
+    if whole and row_round is not None:
+        row = load_row(folder, row_round, client, "trained", encoder_row_numel(state))
+        state = with_encoder(state, row)
     training = training_file(path)
     if params_only or not training.is_file():
         return state

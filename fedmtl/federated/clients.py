@@ -25,11 +25,18 @@ from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import Receipt, Receipts
 from fedmtl.federated.scenario import build_scenario
 from fedmtl.federated.sharding import assign_clients
-from fedmtl.federated.store import ClientState, ClientStore
+from fedmtl.federated.store import (
+    ClientState,
+    ClientStore,
+    encoder_row_numel,
+    encoder_row_of,
+    with_encoder,
+    without_encoder,
+)
 from fedmtl.methods.base import ClientContext, Method, new_track
 from fedmtl.models import reinitialise
 from fedmtl.seeds import derive_seed
-from fedmtl.tensors import to_host
+from fedmtl.tensors import host_state, load_into
 
 Architecture = tuple[str, tuple[str, ...]]  # (dataset, tasks)
 #: (client, its device module, its state, round) -> what the method's hooks see of it.
@@ -79,6 +86,7 @@ class Clients:
             for i in range(len(self.specs))
         }
         self.receipts: Receipts | None = None  # set by the simulation once it knows the layouts
+        self.encoder_names: tuple[str, ...] = ()  # the encoder layout's, set with the receipts
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -178,9 +186,9 @@ class Clients:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(derive_seed(self.cfg.seed, "init"))
                 module = ClientModule(spec, self.cfg.model, self.total_epochs[i], img_size=self.img_size(i))
-            self._templates[key] = (module, to_host(module.model.state_dict()))
+            self._templates[key] = (module, host_state(module.model))
         module, drawn = self._templates[key]
-        module.model.load_state_dict(drawn)
+        load_into(module.model, drawn)
         reinitialise(module.model.decoders, derive_seed(self.cfg.seed, "init", "decoders", i))
         reinitialise(module.model.heads, derive_seed(self.cfg.seed, "init", "heads", i))
         return module
@@ -205,9 +213,18 @@ class Clients:
     # ------------------------------------------------------------------ state
 
     def stored(self, i: int, params_only: bool = False) -> ClientState:
-        """Client ``i``'s stored state (``params_only``: without optimiser and schedule state);
-        a client that was never stored starts from its initial state, drawn again when needed."""
-        return self.store.get(i, params_only) if i in self.store else self.initial_state(i)
+        """Client ``i``'s stored state (``params_only``: without optimiser and schedule state),
+        its encoder read back from the row that holds it (see :meth:`store_state`); a client that
+        was never stored starts from its initial state, drawn again when needed."""
+        if i not in self.store:
+            return self.initial_state(i)
+        state = self.store.get(i, params_only)
+        row_round = encoder_row_of(state)
+        if row_round is None:
+            return state
+        assert self.receipts is not None
+        row = self.receipts.rows.read_kept(row_round, i, "trained", encoder_row_numel(state))
+        return with_encoder(state, row)
 
     def load(
         self, i: int, context: ContextMaker, params_only: bool = False
@@ -217,21 +234,26 @@ class Clients:
         (``state["model"]`` updated to match). Nothing is stored: :meth:`store` does that."""
         state = self.stored(i, params_only)
         module = self.module(i)
-        module.model.load_state_dict(state["model"])
+        load_into(module.model, state["model"])
         receipts = self.receipts.of(i) if self.receipts is not None else []
         if receipts:  # a memory store hands out its own dicts: the receipts' changes stay out of them
             state = {**state, "personal": dict(state["personal"])}
         for receipt in receipts:
             self._apply(i, receipt, context(i, module, state, receipt.round))
         if receipts:
-            state["model"] = to_host(module.model.state_dict())
+            state["model"] = host_state(module.model)
         return module, state
 
-    def store_state(self, i: int, state: ClientState) -> None:
-        """Store client ``i``'s state, its receipts taken."""
+    def store_state(self, i: int, state: ClientState, encoder_row: int | None = None) -> None:
+        """Store client ``i``'s state, its receipts taken. ``encoder_row``: the round whose
+        ``"trained"`` row (a file of the run's row store) already holds the state's encoder
+        parameters, which the state's own file then leaves out (each encoder written once)."""
+        if encoder_row is not None:
+            keys = [f"encoder.{name}" for name in self.encoder_names]
+            state = without_encoder(state, keys, encoder_row)
         self.store.put(i, state)
         if self.receipts is not None:
-            self.receipts.consumed(i)
+            self.receipts.stored(i, encoder_row)
 
     def _apply(self, i: int, receipt: Receipt, ctx: ClientContext) -> None:
         """Client ``i`` takes ``receipt``: its new encoder (formed from the encoder it holds,

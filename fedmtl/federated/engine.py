@@ -44,7 +44,7 @@ from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Rec
 from fedmtl.federated.results import RunRecord
 from fedmtl.federated.rounds import Federation, Round
 from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
-from fedmtl.federated.store import ClientState, atomic_write_text
+from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
 from fedmtl.terminal import interactive
@@ -69,6 +69,7 @@ class Simulation:
             else MemoryRowStore(fabric)
         )
         self.clients.receipts = Receipts(rows, self.clients.mine)
+        self.clients.encoder_names = encoder.names
         trainer = LocalTrainer(fabric, cfg.seed, cfg.rounds, self.clients.loader)
         head_layouts = {
             (dataset, task): layout
@@ -97,6 +98,8 @@ class Simulation:
     def fit(self) -> dict[str, Any]:
         """Rounds from the first not yet done to ``cfg.rounds``; writes results.json."""
         cfg, is_zero = self.cfg, self.ranks.is_zero
+        with self.ranks.phase(stop=False):  # every rank clears before any rank restores
+            self._clear_store()  # scratch a killed process left (a resume reads the checkpoint)
         with self.ranks.phase(stop=False):  # a disk store that cannot be written stops every rank
             first = self._start()
         if first > cfg.rounds and self.record.history:  # a finished run: nothing to train or rewrite
@@ -211,7 +214,13 @@ class Simulation:
         drawn = set(server.get("drawn", ()))  # never stored: drawn again from the seed when needed
         for i in self.clients.mine:
             if i not in drawn:
-                self.clients.store.put(i, checkpoint.load_client(folder, i))
+                state = checkpoint.load_client(folder, i, whole=False)
+                row_round = encoder_row_of(state)
+                if row_round is not None:  # its encoder is in a row: back into the row store
+                    row = checkpoint.load_row(folder, row_round, i, "trained", encoder_row_numel(state))
+                    receipts.rows.write(row_round, i, "trained", row)
+                    receipts.encoder_rows[i] = row_round
+                self.clients.store.put(i, state)
             if i not in pending:
                 continue
             receipts.pending[i] = pending[i]
@@ -223,7 +232,8 @@ class Simulation:
         return int(server["round"])
 
     def _checkpoint(self, number: int) -> None:
-        """Each rank writes its clients (and the rows their pending receipts name), then rank 0
+        """Each rank writes its clients (and the rows their pending receipts name or that hold
+        their stored encoders), then rank 0
         publishes with the server state and the pending receipts. A write that fails (a full
         disk) on any rank ends the run on every rank; the staging folder goes, the last
         checkpoint stays."""
@@ -236,17 +246,17 @@ class Simulation:
                     checkpoint.link_client(self.run_dir, number, i, stored)
                 elif i in clients.store:
                     checkpoint.write_client(self.run_dir, number, i, clients.store.get(i))
-                for receipt in receipts.of(i):
-                    for name in receipt.own_rows(i):
-                        source = receipts.rows.files(receipt.round, i, name)
-                        row = (
-                            None
-                            if source
-                            else receipts.rows.read(
-                                receipt.round, i, name, self.federation.encoder_layout.numel
-                            )
-                        )
-                        checkpoint.write_row(self.run_dir, number, receipt.round, i, name, source, row)
+                rows = [(receipt.round, name) for receipt in receipts.of(i) for name in receipt.own_rows(i)]
+                if i in receipts.encoder_rows:  # the row holding its stored encoder
+                    rows.append((receipts.encoder_rows[i], "trained"))
+                for row_round, name in rows:
+                    source = receipts.rows.files(row_round, i, name)
+                    row = (
+                        None
+                        if source
+                        else receipts.rows.read(row_round, i, name, self.federation.encoder_layout.numel)
+                    )
+                    checkpoint.write_row(self.run_dir, number, row_round, i, name, source, row)
         pending, drawn = self._pending_everywhere()
         with self.ranks.phase(stop=False, undo=discard, round_=number):
             if self.ranks.is_zero:

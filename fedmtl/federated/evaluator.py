@@ -18,6 +18,7 @@ from fedmtl.federated.client import ClientModule
 from fedmtl.federated.health import all_finite
 from fedmtl.federated.training import TASK_SLOTS
 from fedmtl.methods.base import new_track
+from fedmtl.tensors import load_into
 
 if TYPE_CHECKING:
     from fedmtl.federated.rounds import Federation
@@ -57,7 +58,7 @@ class Evaluator:
                     if not all_finite(model_state.values()):  # NaN metrics, not numbers from NaN logits
                         table[self.labels.index(label), i] = math.nan
                         continue
-                    module.model.load_state_dict(model_state)
+                    load_into(module.model, model_state)
                     for task, value in self.validate(i, module).items():
                         table[self.labels.index(label), i, TASK_SLOTS[task]] = value
         table = fed.ranks.sum(table).cpu()
@@ -105,7 +106,7 @@ class Evaluator:
             model_state = fed.method.evaluated_models(state)[self.labels[0]]
             if not all_finite(model_state.values()):  # a diverged client gives the new ones nothing
                 continue
-            module.model.load_state_dict(model_state)
+            load_into(module.model, model_state)
             sums.add(module.model, held_out.parts_of(spec.dataset, spec.tasks, shared))
         sums.sums = fed.ranks.sum(sums.sums.to(fed.ranks.device)).cpu()
         sums.counts = fed.ranks.sum(sums.counts.to(fed.ranks.device)).cpu()
@@ -125,7 +126,7 @@ class Evaluator:
             for h in clients.mine_held_out:
                 i, spec = first + h, clients.held_out[h]
                 module = clients.module(i)
-                module.model.load_state_dict(clients.drawn_model(i).model.state_dict())
+                load_into(module.model, clients.drawn_model(i).model.state_dict())
                 for part in held_out.parts_of(spec.dataset, spec.tasks, shared):
                     if part in parts:
                         held_out.load_flat_state(part.module(module.model), parts[part])
@@ -136,7 +137,7 @@ class Evaluator:
                     fed.trainer.train(
                         module, i, data, track, epochs=epochs, order="held-out", fine_tune=spec.optimizer
                     )
-                module.model.load_state_dict(track["model"])
+                load_into(module.model, track["model"])
                 if not all_finite(track["model"].values()):
                     table[h] = math.nan
                     continue

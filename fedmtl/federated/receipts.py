@@ -19,6 +19,9 @@ client. A client that neither trains nor is evaluated costs nothing.
   the one it started the round with.
 - A checkpoint records the pending receipts and the own rows they need, rather than applying
   them, so that a resume continues bit for bit.
+- Where the server step reads the trained encoders from files and the clients are on disk, a
+  client's stored state leaves its encoder in its ``"trained"`` row (``store.without_encoder``):
+  that row stays until the client is stored again, and a checkpoint holds it.
 
 The rows of a server step live in memory or in files of the run directory (``rows.py``),
 chosen as the run's ``aggregation`` setting says.
@@ -136,6 +139,18 @@ class RowStore(abc.ABC):
         this rank's clients ``mine``."""
 
     @abc.abstractmethod
+    def has(self, round_: int, client: int, name: str) -> bool: ...
+
+    def read_kept(self, round_: int, client: int, name: str, numel: int) -> Tensor:
+        """A row that must be there (a stored state's encoder): an error, never zeros, if not."""
+        if not self.has(round_, client, name):
+            raise FileNotFoundError(
+                f"client {client}'s encoder row of round {round_} ({name!r}) is gone from the run's "
+                "store; resume from the last checkpoint (fedmtl fit --resume true)"
+            )
+        return self.read(round_, client, name, numel)
+
+    @abc.abstractmethod
     def drop(self, round_: int, client: int, name: str) -> None:
         """Forget a row no receipt needs any more."""
 
@@ -181,6 +196,9 @@ class MemoryRowStore(RowStore):
         """Columns ``columns`` of a row (of ``numel``) the server step makes, a block at a time."""
         row = self._rows.setdefault((round_, client, name), torch.zeros(numel))
         row[columns] = part
+
+    def has(self, round_: int, client: int, name: str) -> bool:
+        return (round_, client, name) in self._rows
 
     def drop(self, round_: int, client: int, name: str) -> None:
         self._rows.pop((round_, client, name), None)
@@ -228,6 +246,9 @@ class FileRowStore(RowStore):
         folder = self._folder(round_)
         return {name: row_files.FileRows(name, folder, numel, num_rows, owned=mine) for name in names}
 
+    def has(self, round_: int, client: int, name: str) -> bool:
+        return row_files.row_path(self._folder(round_), client, name).is_file()
+
     def drop(self, round_: int, client: int, name: str) -> None:
         row_files.row_path(self._folder(round_), client, name).unlink(missing_ok=True)
 
@@ -251,6 +272,8 @@ class Receipts:
         self.mine = list(mine)
         self.by_round: dict[int, Receipt] = {}
         self.pending: dict[int, list[int]] = {}
+        # Client -> the round whose "trained" row holds the encoder of its stored state.
+        self.encoder_rows: dict[int, int] = {}
 
     def of(self, client: int) -> list[Receipt]:
         """``client``'s receipts, oldest first."""
@@ -286,9 +309,22 @@ class Receipts:
                 if receipt is not None and round_ in self.pending.get(i, ())
                 else set()
             )
+            if self.encoder_rows.get(i) == round_:
+                needed.add("trained")
             for name in names:
                 if name not in needed:
                     self.rows.drop(round_, i, name)
+
+    def stored(self, client: int, encoder_row: int | None) -> None:
+        """``client``'s state was stored, its encoder in round ``encoder_row``'s ``"trained"``
+        row (None: in its own file): the row an older state named goes, and its receipts are
+        done."""
+        old = self.encoder_rows.pop(client, None)
+        if encoder_row is not None:
+            self.encoder_rows[client] = encoder_row
+        if old is not None and old != encoder_row:
+            self.rows.drop(old, client, "trained")
+        self.consumed(client)
 
     def consumed(self, client: int) -> None:
         """``client`` was stored with its receipts applied: they are done."""
@@ -315,6 +351,7 @@ class Receipts:
     def clear(self) -> None:
         self.by_round.clear()
         self.pending.clear()
+        self.encoder_rows.clear()
         self.rows.clear()
 
 

@@ -47,7 +47,7 @@ from fedmtl.federated.results import RunRecord
 from fedmtl.federated.store import ClientState
 from fedmtl.federated.training import LOSS_COLUMNS, PENALTY_SLOT, TASK_SLOTS, TOTAL_SLOT, LocalTrainer
 from fedmtl.methods.base import ClientContext, Method
-from fedmtl.tensors import to_host
+from fedmtl.tensors import load_into, to_host
 
 Results = dict[str, dict[str, dict[str, float]]]  # {label: {client: {task: value}}}
 
@@ -102,6 +102,17 @@ class Federation:
     def load(self, i: int, params_only: bool = False) -> tuple[ClientModule, ClientState]:
         """Client ``i`` on the device with its receipts applied (:meth:`Clients.load`)."""
         return self.clients.load(i, self.context, params_only)
+
+    def encoder_in_row(self, round_: int) -> bool:
+        """Whether a client trained in round ``round_`` is stored with its encoder left in its
+        ``"trained"`` row: the rows are files the step reads, the clients are on disk, and the
+        row holds the encoder exactly (float32 parameters)."""
+        return (
+            isinstance(self.rows, FileRowStore)
+            and self.clients.store.kind == "disk"
+            and "trained" in self.method.encoder_rows(round_)
+            and all(dtype == torch.float32 for dtype in self.encoder_layout.dtypes)
+        )
 
     @property
     def reads_idle_clients(self) -> bool:
@@ -241,7 +252,7 @@ class Round:
         # The memory store hands out the stored state itself, which training changes in place.
         kept = to_host(state) if self.clients.store.kind == "memory" else None
         losses = self.method.local_update(fed.context(i, module, state, self.number, work))
-        module.model.load_state_dict(state["model"])  # the federated track (a method may train others)
+        load_into(module.model, state["model"])  # the federated track (a method may train others)
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
         grown = 0.0
         enc_trained = fed.encoder_layout.flatten(module.model.encoder)
@@ -264,7 +275,7 @@ class Round:
                 self.write_rows(i, enc_prev, enc_prev)
             return losses, bad, grown
         self.write_rows(i, enc_prev, enc_trained)
-        self.clients.store_state(i, state)
+        self.clients.store_state(i, state, self.number if self.fed.encoder_in_row(self.number) else None)
         return losses, 0, 0.0
 
     def write_rows(self, i: int, prev: torch.Tensor, trained: torch.Tensor) -> None:

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedmtl.federated import packing
 from fedmtl.tensors import to_host
 
 ClientState = dict[str, Any]
@@ -163,7 +165,8 @@ def safe_load(path: str | Path, mmap: bool = False) -> Any:
     try:
         with warnings.catch_warnings():  # e.g. torch's note on pickle protocols: the error says enough
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return packing.unpack(obj) if packing.is_packed(obj) else obj
     except Exception as err:  # torch raises anything from EOFError to UnpicklingError on a bad file
         with open(path, "rb") as f:
             head = f.read(1024)
@@ -224,6 +227,56 @@ def join_state(params: ClientState, training: dict[str, Any]) -> ClientState:
     return params
 
 
+#: The key of a stored state whose encoder parameters live in the round's ``"trained"`` row
+#: file (rows.py) instead of the state's own file: a run whose server step reads the trained
+#: encoders from files then writes each encoder once a round, not twice. Its value says which
+#: round's row, and where each parameter goes.
+ENCODER_ROW = "encoder_row"
+
+
+def without_encoder(state: ClientState, keys: Sequence[str], round_: int) -> ClientState:
+    """``state`` without the encoder parameters ``keys`` (laid out in this order in round
+    ``round_``'s ``"trained"`` row), naming that row under :data:`ENCODER_ROW`."""
+    model = state["model"]
+    info = {
+        "round": round_,
+        "keys": list(keys),
+        "shapes": [list(model[k].shape) for k in keys],
+        "order": list(model),
+    }
+    dropped = set(keys)
+    return {**state, "model": {k: v for k, v in model.items() if k not in dropped}, ENCODER_ROW: info}
+
+
+def encoder_row_of(state: ClientState) -> int | None:
+    """The round whose ``"trained"`` row holds ``state``'s encoder (None: its own file does)."""
+    info = state.get(ENCODER_ROW)
+    return None if info is None else int(info["round"])
+
+
+def encoder_row_numel(state: ClientState) -> int:
+    """The numbers in the row that holds ``state``'s encoder."""
+    return sum(math.prod(shape) for shape in state[ENCODER_ROW]["shapes"])
+
+
+def with_encoder(state: ClientState, row: torch.Tensor) -> ClientState:
+    """The inverse of :func:`without_encoder`, given the row it names."""
+    info = state[ENCODER_ROW]
+    numels = [math.prod(shape) for shape in info["shapes"]]
+    if sum(numels) != row.numel():
+        raise ValueError(
+            f"an encoder row of {row.numel()} numbers cannot hold this client's encoder of {sum(numels)}"
+        )
+    encoder = {
+        key: part.view(shape)
+        for key, shape, part in zip(info["keys"], info["shapes"], row.split(numels), strict=True)
+    }
+    model = state["model"]
+    out = {k: v for k, v in state.items() if k != ENCODER_ROW}
+    out["model"] = {k: encoder[k] if k in encoder else model[k] for k in info["order"]}
+    return out
+
+
 class ClientStore:
     """Client states by client index, kept in host memory or as files under ``directory``.
 
@@ -248,18 +301,18 @@ class ClientStore:
         return training_file(self._path(client))
 
     def put(self, client: int, state: ClientState) -> None:
-        state = to_host(state)
         if self.kind == "memory":
-            self._states[client] = state
+            self._states[client] = to_host(state)
             return
         # Scratch (a crash resumes from the checkpoint), so no fsync: the disk catches up
         # while the next client trains. A checkpoint that links the files syncs them.
+        # Packed (packing.py): a few buffers to write and read, not a few hundred tensors.
         params, training = split_state(state)
         if any(value is not None for value in training.values()):
-            atomic_save(training, self._training_path(client), durable=False)
+            atomic_save(packing.pack(training), self._training_path(client), durable=False)
         else:
             self._training_path(client).unlink(missing_ok=True)
-        atomic_save(params, self._path(client), durable=False)
+        atomic_save(packing.pack(params), self._path(client), durable=False)
 
     def get(self, client: int, params_only: bool = False) -> ClientState:
         """``client``'s state; ``params_only``: without its optimiser and schedule state (an

@@ -31,7 +31,7 @@ from fedmtl.federated.client import ClientModule, end_epoch, make_optimizer
 from fedmtl.methods.base import Penalty, Track
 from fedmtl.seeds import derive_seed
 from fedmtl.tasks import TASKS
-from fedmtl.tensors import parameters_of, to_host
+from fedmtl.tensors import host_state, load_into, parameters_of
 
 TASK_SLOTS = {name: i for i, name in enumerate(TASKS)}  # fixed columns for exchanging per-task scalars
 PENALTY_SLOT, TOTAL_SLOT = len(TASK_SLOTS), len(TASK_SLOTS) + 1
@@ -125,7 +125,7 @@ class LocalTrainer:
         spec = module.spec
         epochs = spec.local_epochs if epochs is None else epochs
         model = module.model
-        model.load_state_dict(track["model"])
+        load_into(model, track["model"])
         frozen_ids = {id(p) for p in parameters_of(frozen)}
         named = [(n, p) for n, p in model.named_parameters() if id(p) not in frozen_ids]
         names = [n for n, _ in named]
@@ -181,7 +181,7 @@ class LocalTrainer:
             for p in parameters_of(frozen):
                 p.requires_grad_(True)
         # Copies: the device model is reused for the client's next track and for other clients.
-        track["model"] = to_host(model.state_dict())
+        track["model"] = host_state(model)
         if keep:
             track["optimizer"] = optimizer_state_by_name(optimizer, names, track["optimizer"])
             track["scheduler"] = scheduler.state_dict()

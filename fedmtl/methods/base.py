@@ -64,7 +64,7 @@ from fedmtl.losses import proximal_term
 from fedmtl.methods.checks import within
 from fedmtl.registry import Registry
 from fedmtl.seeds import derive_seed
-from fedmtl.tensors import to_host
+from fedmtl.tensors import host_state
 
 Track = dict[str, Any]  # "model", "optimizer", "scheduler", "epochs_done"
 
@@ -73,7 +73,7 @@ def new_track(model: nn.Module, epochs_done: int = 0) -> Track:
     """A track starting from (a copy of) ``model``'s current state, with a fresh optimiser and
     schedule (``None`` until it first trains)."""
     return {
-        "model": to_host(model.state_dict()),
+        "model": host_state(model),
         "optimizer": None,
         "scheduler": None,
         "epochs_done": epochs_done,

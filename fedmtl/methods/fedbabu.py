@@ -13,6 +13,7 @@ from fedmtl.methods.base import ClientContext, new_track, register_method
 from fedmtl.methods.checks import integer_at_least, non_negative, positive
 from fedmtl.methods.fedavg import FedAvg
 from fedmtl.seeds import derive_seed
+from fedmtl.tensors import load_into
 
 
 @register_method
@@ -76,7 +77,7 @@ class FedBABU(FedAvg):
         return [model.heads]
 
     def finish(self, ctx: ClientContext) -> None:
-        ctx.model.load_state_dict(ctx.state["model"])
+        load_into(ctx.model, ctx.state["model"])
         copy = new_track(ctx.model, epochs_done=ctx.state["epochs_done"])
         if self.ft_epochs > 0:
             config = dataclasses.replace(

@@ -185,6 +185,19 @@ def ensure_data(root: Path, replicas: int, images_per_client: int | None) -> Non
         subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
+def client_state_bytes(checkpoints: Path) -> dict[str, int]:
+    """Each stored client's state bytes in ``checkpoints``: its parameters' file, apart its
+    optimiser state's (client_N.optim.pt) and, where the store left its encoder in the round's
+    "trained" row, that row's file (rows_rNNNN_client_N.trained.f32). A client that never
+    trained has none (it is drawn again from the seed)."""
+    sizes: dict[str, int] = {}
+    for folder in checkpoints.glob("round_*"):
+        for path in (*folder.glob("client_*.pt"), *folder.glob("rows_*.trained.f32")):
+            client = "client_" + path.name.split("client_")[1].split(".")[0]
+            sizes[client] = sizes.get(client, 0) + path.stat().st_size
+    return sizes
+
+
 def run(
     args: argparse.Namespace,
     tmp: Path,
@@ -216,12 +229,7 @@ def run(
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr}")
     with open(run_dir / "metrics.csv") as f:
         values = {row["key"]: float(row["value"]) for row in csv.DictReader(f)}
-    # A client's state is its parameters' file and, apart, its optimiser state's (client_N.optim.pt);
-    # a client that never trained has no file (it is drawn again from the seed)
-    sizes: dict[str, int] = {}
-    for path in (run_dir / "checkpoints").glob("round_*/client_*.pt"):
-        client = path.name.split(".")[0]
-        sizes[client] = sizes.get(client, 0) + path.stat().st_size
+    sizes = client_state_bytes(run_dir / "checkpoints")
     clients = len(json.loads((run_dir / "results.json").read_text())["clients"])
     # A client's state: the mean over the checkpoint's stored clients (one round)
     state = sum(sizes.values()) / len(sizes) if sizes else 0.0

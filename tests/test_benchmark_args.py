@@ -350,3 +350,21 @@ def test_scale_reports_each_target_as_a_ratio():
         "participation 1, store disk): 1.82, not met"
     )
     assert len(targets) == 8
+
+
+def test_scale_counts_a_clients_state_files_and_the_row_holding_its_encoder(tmp_path):
+    """A client's state: client_N.pt, client_N.optim.pt and, where its encoder was left in its
+    trained row, rows_rNNNN_client_N.trained.f32; a pending receipt's other rows are not state."""
+    scale = _script("benchmarks/scale")
+    folder = tmp_path / "checkpoints" / "round_0002"
+    folder.mkdir(parents=True)
+    for name, size in [
+        ("client_0000.pt", 10),
+        ("client_0000.optim.pt", 20),
+        ("rows_r0001_client_0000.trained.f32", 40),
+        ("rows_r0002_client_0001.delta.f32", 80),
+        ("client_0001.pt", 5),
+        ("SHA256SUMS", 7),
+    ]:
+        (folder / name).write_bytes(b"x" * size)
+    assert scale.client_state_bytes(tmp_path / "checkpoints") == {"client_0000": 70, "client_0001": 5}

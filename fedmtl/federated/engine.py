@@ -233,10 +233,9 @@ class Simulation:
 
     def _checkpoint(self, number: int) -> None:
         """Each rank writes its clients (and the rows their pending receipts name or that hold
-        their stored encoders), then rank 0
-        publishes with the server state and the pending receipts. A write that fails (a full
-        disk) on any rank ends the run on every rank; the staging folder goes, the last
-        checkpoint stays."""
+        their stored encoders), then rank 0 publishes with the server state and the pending
+        receipts. A write that fails (a full disk) on any rank ends the run on every rank; the
+        staging folder goes, the last checkpoint stays."""
         discard = functools.partial(checkpoint.discard, self.run_dir, number)
         receipts, clients = self.receipts, self.clients
         with self.ranks.phase(stop=False, undo=discard, round_=number):  # also the barrier before publishing

@@ -53,12 +53,15 @@ class Evaluator:
             chosen = set(evaluated)
             for i in [i for i in clients.mine if i in chosen]:
                 module, state = fed.load(i, params_only=True)  # the models, not the optimiser state
+                held = state["model"]  # what the module holds now
                 for label, model_state in fed.method.evaluated_models(state).items():
                     present[self.labels.index(label)] += 1
                     if not all_finite(model_state.values()):  # NaN metrics, not numbers from NaN logits
                         table[self.labels.index(label), i] = math.nan
                         continue
-                    load_into(module.model, model_state)
+                    if model_state is not held:
+                        load_into(module.model, model_state)
+                        held = model_state
                     for task, value in self.validate(i, module).items():
                         table[self.labels.index(label), i, TASK_SLOTS[task]] = value
         table = fed.ranks.sum(table).cpu()

@@ -15,7 +15,7 @@ from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.federated import checkpoint
 from fedmtl.federated.receipts import FileRowStore, Receipt, Receipts
 from fedmtl.federated.store import ENCODER_ROW, safe_load
-from tests.helpers import client_states, file_hashes, fit, stored_states, tiny_config
+from tests.helpers import client_states, file_hashes, fit, fit_in_processes, stored_states, tiny_config
 
 P = 3
 DECODERS = {0: [0], 1: [1], 2: [2, 3]}  # client -> its rows in the decoder stack
@@ -218,3 +218,12 @@ def test_a_run_whose_encoders_are_in_rows_resumes_after_a_kill_bit_for_bit(encod
     assert fit(config, run_dir, "--resume", "true") == straight
     last = "checkpoints/round_0003"
     assert file_hashes(run_dir / last) == file_hashes(tmp / "straight" / last)
+
+
+def test_encoders_in_rows_on_two_processes_equal_one(encoders_in_rows):
+    """Each rank stores its own clients with their rows in the shared row folder: the same
+    results and final checkpoint bytes as one process."""
+    config, straight, tmp = encoders_in_rows
+    assert fit_in_processes(config, tmp / "two") == straight
+    last = "checkpoints/round_0003"
+    assert file_hashes(tmp / "two" / last) == file_hashes(tmp / "straight" / last)

@@ -28,7 +28,7 @@ images (PASCAL-Context / NYUD-v2; enough for a human_parts client's batch of 8).
 does not stop the others: its first ``error:`` line (or, lacking one, the last line of its
 standard error) goes into the table. Run directories and logs go under ``TMP/runs`` and
 ``TMP/logs`` (a method's run directories are removed before it runs again). The table (method, largest relative difference, where, identical,
-wall seconds of each run) is printed and recorded in ``benchmarks/results/demo_vs_main.md``
+wall seconds of each run) is printed and recorded in ``benchmarks/results/OUT.md`` (``--out``, default ``demo_vs_main``)
 (``benchmarks/results_file.py``; ``FEDMTL_RESULTS_DIR`` redirects it), rewritten as each method
 finishes, so a command stopped early leaves the methods done so far; with ``OUT`` set, the file
 is also copied to ``$OUT``. The exit status is 1 when a run failed, 0 otherwise.
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--smoke", action="store_true", help="32x32 crops and a few tiny generated images")
     parser.add_argument("--methods", nargs="+", help="these methods only (default: all registered)")
+    parser.add_argument("--out", default="demo_vs_main", help="benchmarks/results/OUT.md")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(finished: bool) -> Path:
         write = results_file.record if finished else results_file.write
-        path = write("demo_vs_main", "The demo in this checkout and in a baseline", body(finished))
+        path = write(args.out, "The demo in this checkout and in a baseline", body(finished))
         if os.environ.get("OUT"):
             copy = Path(os.environ["OUT"]).resolve() / path.name
             if copy != path.resolve():  # not when FEDMTL_RESULTS_DIR is $OUT

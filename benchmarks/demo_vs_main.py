@@ -40,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,10 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--smoke", action="store_true", help="32x32 crops and a few tiny generated images")
     parser.add_argument("--methods", nargs="+", help="these methods only (default: all registered)")
-    parser.add_argument("--out", default="demo_vs_main", help="benchmarks/results/OUT.md")
+    parser.add_argument(
+        "--out",
+        default="demo_vs_main",
+        help="benchmarks/results/OUT.md: demo_vs_main or a name that starts with it",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if not re.fullmatch(r"demo_vs_main[A-Za-z0-9_-]*", args.out):
+        # A name of its own: a rerun never replaces another script's results file.
+        parser.error(
+            f"--out must be demo_vs_main or start with it (letters, digits, - or _), got {args.out!r}"
+        )
     baseline, tmp = args.baseline.resolve(), args.tmp.resolve()
     if not (baseline / CONFIG).is_file():
         parser.error(f"--baseline {baseline} has no {CONFIG}")

@@ -368,3 +368,17 @@ def test_scale_counts_a_clients_state_files_and_the_row_holding_its_encoder(tmp_
     ]:
         (folder / name).write_bytes(b"x" * size)
     assert scale.client_state_bytes(tmp_path / "checkpoints") == {"client_0000": 70, "client_0001": 5}
+
+
+@pytest.mark.parametrize("out", ["scale", "demo_vs_main/x", "", "../demo_vs_main"])
+def test_demo_vs_main_refuses_an_out_name_that_could_replace_another_results_file(out, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _script("benchmarks/demo_vs_main").main(
+            ["--baseline", str(tmp_path), "--tmp", str(tmp_path), "--out", out]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(
+        f"error: --out must be demo_vs_main or start with it (letters, digits, - or _), got {out!r}"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing written

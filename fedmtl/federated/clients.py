@@ -86,7 +86,9 @@ class Clients:
             for i in range(len(self.specs))
         }
         self.receipts: Receipts | None = None  # set by the simulation once it knows the layouts
-        self.encoder_names: tuple[str, ...] = ()  # the encoder layout's, set with the receipts
+        # The encoder's parameter keys in the model's state, in its flat layout's order (set
+        # with the receipts): what a state stored with its encoder in a row leaves out.
+        self.encoder_keys: list[str] = []
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -249,8 +251,7 @@ class Clients:
         ``"trained"`` row (a file of the run's row store) already holds the state's encoder
         parameters, which the state's own file then leaves out (each encoder written once)."""
         if encoder_row is not None:
-            keys = [f"encoder.{name}" for name in self.encoder_names]
-            state = without_encoder(state, keys, encoder_row)
+            state = without_encoder(state, self.encoder_keys, encoder_row)
         self.store.put(i, state)
         if self.receipts is not None:
             self.receipts.stored(i, encoder_row)

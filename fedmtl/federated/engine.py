@@ -69,7 +69,7 @@ class Simulation:
             else MemoryRowStore(fabric)
         )
         self.clients.receipts = Receipts(rows, self.clients.mine)
-        self.clients.encoder_names = encoder.names
+        self.clients.encoder_keys = [f"encoder.{name}" for name in encoder.names]
         trainer = LocalTrainer(fabric, cfg.seed, cfg.rounds, self.clients.loader)
         head_layouts = {
             (dataset, task): layout

@@ -32,7 +32,7 @@ Outcome of a case, first match wins:
   progress line and wandb's own ``wandb:`` lines do not count).
 
 ``expect``: refuse (must exit non-zero), warn (must continue with a warning), either (refuse,
-or continue and say so in a line). The table (``--out``) gives per case the outcome, exit
+or continue and say so in a line), run (a form fedmtl reads right: exit 0, or a clear refusal). The table (``--out``) gives per case the outcome, exit
 code, wall time, stderr's last non-blank line (160 characters) and a note; ``OUT.json`` the
 same as data, ``OUT_logs/`` each case's full stdout and stderr. Cases run one after another
 (about 10-15 s each on 2 cores, most of it imports; a sweep takes 10-15 min).
@@ -50,6 +50,7 @@ import os
 import pickle
 import random
 import re
+import resource
 import shutil
 import signal
 import stat
@@ -137,17 +138,43 @@ def _kill_session(proc: subprocess.Popen) -> int:
     return len(pids)
 
 
+def _limited(limits: dict[int, int]) -> Callable[[], None] | None:
+    """A preexec function that lowers the child's soft resource limits (``ulimit -f`` / ``-n``)."""
+    if not limits:
+        return None
+
+    def lower() -> None:
+        for which, soft in limits.items():
+            resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
+
+    return lower
+
+
 def run_command(
-    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, mem_cap: float, logs: Path
+    cmd: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    mem_cap: float,
+    logs: Path,
+    limits: dict[int, int] | None = None,
 ) -> Result:
     """Run ``cmd`` in its own session with stdout/stderr to files; kill it (and all it started)
-    at ``timeout`` seconds or when its processes hold more than ``mem_cap`` bytes."""
+    at ``timeout`` seconds or when its processes hold more than ``mem_cap`` bytes. ``limits``:
+    resource limits of the command (its files, not the probe's)."""
     out_path, err_path = logs.with_suffix(".stdout"), logs.with_suffix(".stderr")
     start = time.monotonic()
     killed = None
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=_limited(limits or {}),
         )
         next_mem = start
         while proc.poll() is None:
@@ -211,7 +238,9 @@ class Sweep:
                 env[key] = value
         return env
 
-    def fedmtl(self, argv: list[str], cwd: Path, name: str, timeout: float | None = None, env=None) -> Result:
+    def fedmtl(
+        self, argv: list[str], cwd: Path, name: str, timeout: float | None = None, env=None, limits=None
+    ) -> Result:
         return run_command(
             [self.python, "-m", "fedmtl", *argv],
             cwd=cwd,
@@ -219,6 +248,7 @@ class Sweep:
             timeout=timeout or self.timeout,
             mem_cap=self.mem_cap,
             logs=self.logs / name,
+            limits=limits,
         )
 
     def config(self, folder: Path, name: str = "scenario.yaml", data: Path | None = None, **changes) -> Path:
@@ -343,13 +373,14 @@ class Plan:
     fresh_run: Path | None = None  # a run directory that a refused command should leave empty
     names: tuple[tuple[str, ...], ...] = ()  # more strings the error line must hold (as Case.names)
     cleanup: Callable[[], None] | None = None
+    limits: dict[int, int] = field(default_factory=dict)  # resource.RLIMIT_* -> soft limit for the command
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     what: str  # the input, for the table
-    expect: str  # refuse, warn or either
+    expect: str  # refuse, warn, either or run
     prepare: Callable[[Sweep, Path], Plan]
     names: tuple[tuple[str, ...], ...] = ()  # the error line holds one string of each tuple
     forbid: tuple[str, ...] = ()  # stderr must not hold these
@@ -762,6 +793,233 @@ def _corrupt_image(sweep: Sweep, tmp: Path) -> Plan:
     return Plan(fit(sweep.config(tmp, data=data), run), fresh_run=run, names=((image.name,),))
 
 
+# -- issue #36: data that is almost right, the OS saying no, a recorded config --------------
+
+
+def _nyud_first(data: Path, folder: str, suffix: str = ".png") -> Path:
+    first = (data / "NYUDv2/gt_sets/train.txt").read_text().split()[0]
+    return data / "NYUDv2" / folder / f"{first}{suffix}"
+
+
+def _damaged_data_fit(damage: Callable[[Path], Path]) -> Callable[[Sweep, Path], Plan]:
+    """A fresh fit on a copy of the data with one file damaged; the error names that file."""
+
+    def prepare(sweep: Sweep, tmp: Path) -> Plan:
+        data = sweep.copy_data(tmp)
+        file = damage(data)
+        run = tmp / "run"
+        return Plan(
+            fit(sweep.config(tmp, data=data), run), fresh_run=run, names=((file.name,),), protect=[data]
+        )
+
+    return prepare
+
+
+def _damaged_data_check(damage: Callable[[Path], Path]) -> Callable[[Sweep, Path], Plan]:
+    def prepare(sweep: Sweep, tmp: Path) -> Plan:
+        data = sweep.copy_data(tmp)
+        file = damage(data)
+        return Plan(["data", "check", "--root", str(data)], names=((file.name,),), protect=[data])
+
+    return prepare
+
+
+def _label_value(value: int) -> Callable[[Path], Path]:
+    def damage(data: Path) -> Path:
+        from PIL import Image
+
+        label = _nyud_first(data, "segmentation")
+        pixels = Image.open(label)
+        pixels.paste(value, (0, 0, pixels.width, pixels.height))
+        pixels.save(label)
+        return label
+
+    return damage
+
+
+def _label_rgb(data: Path) -> Path:
+    from PIL import Image
+
+    label = _nyud_first(data, "segmentation")
+    Image.open(label).convert("RGB").save(label)
+    return label
+
+
+def _image_16bit(data: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    image = _nyud_first(data, "images")
+    grey = np.asarray(Image.open(image).convert("L"), dtype=np.uint16) * 257
+    Image.fromarray(grey).save(image)  # uint16: mode I;16
+    return image
+
+
+for _what, _damage, _expect in [
+    (
+        "a NYUD segmentation label filled with class value 100 (past the 40 classes, not 255)",
+        _label_value(100),
+        "refuse",
+    ),
+    ("a NYUD segmentation label re-saved as RGB (three equal channels)", _label_rgb, "run"),
+    ("a NYUD input image re-saved as a 16-bit grey PNG", _image_16bit, "run"),
+]:
+    _key = {"refuse": "label_class_100", "run": None}[_expect] or _damage.__name__.strip("_")
+    case(f"fit_{_key}", f"a fresh fit on {_what}", _expect)(_damaged_data_fit(_damage))
+    case(f"check_{_key}", f"`data check` on {_what}", _expect)(_damaged_data_check(_damage))
+
+
+@case(
+    "check_broken_link",
+    "`data check` of a root whose NYUDv2 folder is a broken symlink",
+    names=(("NYUDv2",),),
+)
+def _check_broken_link(sweep: Sweep, tmp: Path) -> Plan:
+    data = sweep.copy_data(tmp)
+    shutil.rmtree(data / "NYUDv2")
+    (data / "NYUDv2").symlink_to(tmp / "gone")
+    return Plan(["data", "check", "--root", str(data)])
+
+
+@case("fit_symlink_loop", "a fresh fit whose NYUDv2 folder is a symlink loop", names=(("NYUDv2", "loop"),))
+def _fit_symlink_loop(sweep: Sweep, tmp: Path) -> Plan:
+    data = sweep.copy_data(tmp)
+    shutil.rmtree(data / "NYUDv2")
+    (data / "NYUDv2").symlink_to(data / "NYUDv2")
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp, data=data), run), fresh_run=run)
+
+
+@case("synth_under_file", "`data synth --root` a folder under a regular file", names=(("notes.txt",),))
+def _synth_under_file(sweep: Sweep, tmp: Path) -> Plan:
+    (tmp / "notes.txt").write_text("mine\n")
+    argv = ["data", "synth", "--dataset", "nyud", "--root", str(tmp / "notes.txt" / "NYUDv2")]
+    return Plan(
+        argv + ["--num_train", "4", "--num_val", "2", "--size", "[32, 32]"], protect=[tmp / "notes.txt"]
+    )
+
+
+@case("synth_zero_train", "`data synth --num_train 0`", names=(("num_train",),))
+def _synth_zero_train(sweep: Sweep, tmp: Path) -> Plan:
+    argv = ["data", "synth", "--dataset", "nyud", "--root", str(tmp / "NYUDv2")]
+    return Plan(argv + ["--num_train", "0", "--num_val", "2", "--size", "[32, 32]"])
+
+
+@case("yaml_duplicate_key", "a config file holding `rounds:` twice", names=(("rounds",),))
+def _yaml_duplicate_key(sweep: Sweep, tmp: Path) -> Plan:
+    config = sweep.config(tmp)
+    config.write_text(config.read_text() + "rounds: 5\n")
+    return Plan(fit(config, tmp / "run"), fresh_run=tmp / "run")
+
+
+def _fsize(limit: int) -> dict[int, int]:
+    return {resource.RLIMIT_FSIZE: limit}
+
+
+@case(
+    "fit_file_size_limit",
+    "a fresh fit under `ulimit -f` 256 KiB (a checkpoint cannot be written)",
+    names=(("too large",),),
+)
+def _fit_file_size_limit(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run), limits=_fsize(256 * 1024))
+
+
+@case("fit_open_files_limit", "a fresh fit under `ulimit -n` 40", names=(("open files",),))
+def _fit_open_files_limit(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run), limits={resource.RLIMIT_NOFILE: 40})
+
+
+@case("run_dir_under_file", "`--run_dir` a folder under a regular file", names=(("notes.txt",),))
+def _run_dir_under_file(sweep: Sweep, tmp: Path) -> Plan:
+    (tmp / "notes.txt").write_text("mine\n")
+    return Plan(fit(sweep.config(tmp), tmp / "notes.txt" / "run"), protect=[tmp / "notes.txt"])
+
+
+def _report_replacing(option: str, name: str) -> Callable[[Sweep, Path], Plan]:
+    """``report --OPTION old --overwrite true`` where the new file cannot be written in full: the
+    old one stays byte for byte."""
+
+    def prepare(sweep: Sweep, tmp: Path) -> Plan:
+        run = sweep.copy_run(tmp)
+        old = tmp / name
+        old.write_bytes(bytes(random.Random(1).randrange(256) for _ in range(4096)))
+        argv = ["report", str(run), "--baseline", str(run), option, str(old), "--overwrite", "true"]
+        return Plan(argv, protect=[old], limits=_fsize(1024))
+
+    return prepare
+
+
+case(
+    "report_output_file_size_limit",
+    "`report --output old.md --overwrite true` under `ulimit -f` 1 KiB",
+    names=(("old.md",), ("too large",)),
+    needs_run=True,
+)(_report_replacing("--output", "old.md"))
+case(
+    "report_curves_file_size_limit",
+    "`report --curves old.png --overwrite true` under `ulimit -f` 1 KiB",
+    names=(("old.png",), ("too large",)),
+    needs_run=True,
+)(_report_replacing("--curves", "old.png"))
+
+
+@case(
+    "resume_lost_config_new_seed",
+    "`--resume true --seed 1` of a finished run whose config.yaml was deleted",
+    names=(("seed",),),
+    needs_run=True,
+)
+def _resume_lost_config(sweep: Sweep, tmp: Path) -> Plan:
+    run = sweep.copy_run(tmp)
+    (run / "config.yaml").unlink()
+    return Plan(fit(sweep.base_config, run, "--resume", "true", "--seed", "1"), protect=[run])
+
+
+@case(
+    "resume_without_config",
+    "`fit --run_dir R --resume true` of a finished run, without `--config`",
+    "run",
+    needs_run=True,
+)
+def _resume_without_config(sweep: Sweep, tmp: Path) -> Plan:
+    run = sweep.copy_run(tmp)
+    return Plan(["fit", "--run_dir", str(run), "--resume", "true"], protect=[run])
+
+
+@case(
+    "validate_reordered_groups",
+    "`validate --run_dir R` after R's config.yaml had its two client groups swapped",
+    names=(("client",),),
+    needs_run=True,
+)
+def _validate_reordered(sweep: Sweep, tmp: Path) -> Plan:
+    run = sweep.copy_run(tmp)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["clients"] = config["clients"][::-1]
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return Plan(["validate", "--run_dir", str(run)], protect=[run / "checkpoints"])
+
+
+@case(
+    "resume_truncated_no_sums",
+    f"`--resume true` with round_{BASE_ROUNDS:04d}/client_0000.pt truncated and its SHA256SUMS deleted",
+    expect="warn",
+    warning=(r"round_\d+", r"skip|fall"),
+    needs_run=True,
+)
+def _resume_truncated_no_sums(sweep: Sweep, tmp: Path) -> Plan:
+    run = sweep.copy_run(tmp)
+    folder = run / "checkpoints" / f"round_{BASE_ROUNDS:04d}"
+    path = folder / "client_0000.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    (folder / "SHA256SUMS").unlink()
+    previous = run / "checkpoints" / f"round_{BASE_ROUNDS - 1:04d}"
+    return Plan(fit(sweep.base_config, run, "--resume", "true"), protect=[previous])
+
+
 # -- environment -----------------------------------------------------------------------------
 
 
@@ -879,6 +1137,9 @@ def classify(case_: Case, plan: Plan, result: Result, lost: list[str]) -> tuple[
         return outcome, note
     if case_.expect == "refuse":
         return "SILENT", "exit code 0"
+    if case_.expect == "run":
+        problem = plan.check() if plan.check else None
+        return ("SILENT", problem) if problem else ("OK", "")
     if case_.silent_if and re.search(case_.silent_if, result.stderr, re.IGNORECASE):
         match = re.search(rf".*{case_.silent_if}.*", result.stderr, re.IGNORECASE)
         return "SILENT", f"exit code 0, stderr: {match.group(0).strip()[:100]}"
@@ -928,7 +1189,9 @@ def run_case(sweep: Sweep, case_: Case, base_failure: str | None) -> Row:
     always = snapshot(plan.protect)
     if_refused = snapshot(plan.protect_if_refused)
     try:
-        result = sweep.fedmtl(plan.argv, cwd=tmp, name=case_.name, timeout=case_.timeout, env=plan.env)
+        result = sweep.fedmtl(
+            plan.argv, cwd=tmp, name=case_.name, timeout=case_.timeout, env=plan.env, limits=plan.limits
+        )
     finally:
         if plan.cleanup:
             plan.cleanup()
@@ -964,7 +1227,7 @@ def _cell(text: object) -> str:
 
 def write_table(path: Path, rows: list[Row], header: dict[str, str]) -> None:
     counts = Counter(r.outcome for r in rows)
-    lines = ["# Bad inputs of issue #10", ""]
+    lines = ["# Bad inputs (issues #10, #26, #36)", ""]
     lines += [f"- {key}: {_cell(value)}" for key, value in header.items()]
     lines += ["", "| outcome | cases |", "|---|---|"]
     lines += [f"| {o} | {counts[o]} |" for o in OUTCOMES if counts[o]]

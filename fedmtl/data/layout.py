@@ -345,18 +345,18 @@ def _sixteen_bit(im: Image.Image) -> bool:
 def _equal_channels(rgb: np.ndarray, path: Path, what: str, fix: str) -> np.ndarray:
     """[H, W, 3] whose channels are equal -> [H, W]; a colour picture is refused."""
     if not (np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])):
-        raise _form_error(path, f"a colour (RGB) {what}, its channels differ: {fix}")
+        raise _form_error(path, f"{what} in colour (RGB), its channels differ: {fix}")
     return rgb[..., 0]
 
 
 def _mode_refused(im: Image.Image, path: Path, what: str, fix: str) -> DataFormError:
-    return _form_error(path, f"a {what} of mode {im.mode} ({im.format or 'unknown format'}), not read: {fix}")
+    return _form_error(path, f"{what} of mode {im.mode} ({im.format or 'unknown format'}), not read: {fix}")
 
 
 def _read_opaque(im: Image.Image, path: Path, what: str, fix: str) -> Image.Image:
     if _has_alpha(im):
         if not _opaque(im):
-            raise _form_error(path, f"a {what} with transparent pixels: {fix}")
+            raise _form_error(path, f"{what} with transparent pixels: {fix}")
         return im.convert("RGBA").convert("RGB")
     return im
 
@@ -371,13 +371,13 @@ def read_image(path: Path) -> np.ndarray:
         if _sixteen_bit(im):
             grey = np.asarray(im, dtype=np.float32)
             if grey.max(initial=0) > 65535 or grey.min(initial=0) < 0:
-                raise _mode_refused(im, path, "image", IMAGE_FIX)
+                raise _mode_refused(im, path, "an image", IMAGE_FIX)
             grey = grey / 257.0
             return np.repeat(grey[..., None], 3, axis=2)
         if _has_alpha(im):
-            im = _read_opaque(im, path, "image", IMAGE_FIX)
+            im = _read_opaque(im, path, "an image", IMAGE_FIX)
         elif im.mode not in _RGB_LIKE:
-            raise _mode_refused(im, path, "image", IMAGE_FIX)
+            raise _mode_refused(im, path, "an image", IMAGE_FIX)
         return np.asarray(im.convert("RGB"), dtype=np.float32)
 
 
@@ -390,12 +390,12 @@ def read_class_label(path: Path) -> np.ndarray:
     are equal is read as grey."""
     with Image.open(path) as im:
         if _has_alpha(im) and im.mode != "P":
-            im = _read_opaque(im, path, "label", CLASS_FIX)
+            im = _read_opaque(im, path, "a label", CLASS_FIX)
         if im.mode in ("L", "P", "1") or _sixteen_bit(im):
             return np.asarray(im).astype(np.int64)
         if im.mode == "RGB":
-            return _equal_channels(np.asarray(im), path, "label", CLASS_FIX).astype(np.int64)
-        raise _mode_refused(im, path, "label", CLASS_FIX)
+            return _equal_channels(np.asarray(im), path, "a label", CLASS_FIX).astype(np.int64)
+        raise _mode_refused(im, path, "a label", CLASS_FIX)
 
 
 GREY_FIX = "save it as a grey (L) 8-bit png"
@@ -409,12 +409,13 @@ def read_grey_label(path: Path) -> np.ndarray:
         if _sixteen_bit(im):
             return np.asarray(im, dtype=np.float32) / 257.0
         if _has_alpha(im):
-            im = _read_opaque(im, path, "label", GREY_FIX)
+            im = _read_opaque(im, path, "a label", GREY_FIX)
         if im.mode in ("L", "1"):
             return np.asarray(im.convert("L"), dtype=np.float32)
         if im.mode in ("RGB", "P"):
-            return _equal_channels(np.asarray(im.convert("RGB")), path, "label", GREY_FIX).astype(np.float32)
-        raise _mode_refused(im, path, "label", GREY_FIX)
+            grey = _equal_channels(np.asarray(im.convert("RGB")), path, "a label", GREY_FIX)
+            return grey.astype(np.float32)
+        raise _mode_refused(im, path, "a label", GREY_FIX)
 
 
 NORMALS_FIX = "save the normals as an 8-bit RGB png, RGB = (n + 1) / 2 * 255"
@@ -425,9 +426,9 @@ def read_normals(path: Path) -> np.ndarray:
     png holds no normals and is refused."""
     with Image.open(path) as im:
         if _has_alpha(im):
-            im = _read_opaque(im, path, "normals label", NORMALS_FIX)
+            im = _read_opaque(im, path, "a normals label", NORMALS_FIX)
         if im.mode not in ("RGB", "P"):
-            raise _mode_refused(im, path, "normals label", NORMALS_FIX)
+            raise _mode_refused(im, path, "a normals label", NORMALS_FIX)
         return decode_normals(np.asarray(im.convert("RGB")))
 
 

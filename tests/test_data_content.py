@@ -237,7 +237,7 @@ def _broken_folder(root: Path) -> tuple[Path, str]:
     folder.symlink_to(root / "elsewhere" / "NYUDv2", target_is_directory=True)
     return (
         folder,
-        f"{folder} is a broken symbolic link (to {root / 'elsewhere' / 'NYUDv2'}, which does not exist)",
+        f"a broken symbolic link (to {root / 'elsewhere' / 'NYUDv2'}, which does not exist)",
     )
 
 
@@ -245,14 +245,14 @@ def _looping_folder(root: Path) -> tuple[Path, str]:
     folder = root / "NYUDv2"
     shutil.rmtree(folder)
     folder.symlink_to("NYUDv2")
-    return folder, f"{folder} is a symbolic link loop (Symlink loop)"
+    return folder, "a symbolic link loop (Symlink loop)"
 
 
 def _looping_file(root: Path) -> tuple[Path, str]:
     path = _nyud(root).image(_first(_nyud(root)))
     path.unlink()
     path.symlink_to(path.name)
-    return path, f"{path}: a symbolic link loop (Symlink loop)"
+    return path, "a symbolic link loop (Symlink loop)"
 
 
 @pytest.mark.parametrize(
@@ -261,10 +261,10 @@ def _looping_file(root: Path) -> tuple[Path, str]:
 def test_links_that_lead_nowhere_are_named_by_check_and_fit(tmp_path, data, damage, capsys):
     path, reason = damage(data)
     (line,) = refused_keeping(["data", "check", "--root", str(data)], data, capsys)
-    assert line.startswith("error: data check found 1 problem(s)") and reason.replace(" is ", ": ", 1) in line
+    assert line.startswith("error: data check found 1 problem(s)") and f"{path}: {reason}" in line
     run_dir = tmp_path / "run"
     lines = fit_refused(tiny_config(tmp_path, data, rounds=1), run_dir, capsys)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and reason in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"{path} is {reason}" in lines[0], lines
     assert "Traceback" not in lines[0] and not run_dir.exists()
 
 

@@ -92,7 +92,6 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             raise ValueError(
                 f"{name} validation split {val} lists no image: every client is evaluated on it; {check_hint(root)}"
             )
-    check_content(cfg, specs)
     size = cfg.data.train_size
     state_bytes = {}
     for spec in {(s.dataset, s.tasks): s for s in specs}.values():
@@ -116,6 +115,7 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             except ValueError as err:
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
+    check_content(cfg, specs)  # after the reads above, which name a missing file as "not found"
     check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
     return federated
 

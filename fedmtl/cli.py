@@ -329,6 +329,13 @@ def _parser() -> ArgumentParser:
     check_parser.add_argument(
         "--dataset", type=str | None, default=None, help="pascal_context or nyud (default: those found)"
     )
+    check_parser.add_argument(
+        "--sample",
+        type=int,
+        default=1000,
+        help="images per split whose labels are decoded and their class values checked, a seeded sample "
+        "(every file's header is read); 0: every image",
+    )
     data_commands.add_subcommand("check", check_parser, help="check the datasets of a data root")
     prepare_parser = ArgumentParser(description="Unpack downloaded dataset archives (fedmtl.data.prepare).")
     prepare_parser.add_argument(
@@ -612,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
 def _check_data(args: Namespace) -> None:
     from fedmtl.data.check import check_command
 
-    check_command(args.root, args.dataset, progress=interactive())
+    check_command(args.root, args.dataset, progress=interactive(), sample=args.sample)
 
 
 def _prepare_data(args: Namespace) -> None:

@@ -35,20 +35,29 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from fedmtl.data.datasets import DATASETS
+from fedmtl.data.datasets import DATASETS, folder_problem
 from fedmtl.data.layout import (
     SPLITS,
+    DataFormError,
     NYUDLayout,
     PascalContextLayout,
+    link_problem,
+    read_grey_label,
+    read_image,
     read_label_map,
+    read_normals,
     read_part_annotations,
     read_split,
 )
-from fedmtl.data.pascal_context import human_parts_label
+from fedmtl.data.nyud import NYUD
+from fedmtl.data.pascal_context import PascalContext, human_parts_label
 
 # Images per split of the public releases (docs/data.md, "The layouts").
 PUBLIC_COUNTS = {"pascal_context": {"train": 4998, "val": 5105}, "nyud": {"train": 795, "val": 654}}
 SHOWN_PROBLEMS = 5  # per dataset
+# Images per split whose labels are decoded (class values): every one up to this, a seeded
+# sample of this many above it (about 4 ms a png on a slow core: 10k would take a minute).
+CONTENT_SAMPLE = 1000
 ARCHIVES = "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2)"
 
 
@@ -78,6 +87,8 @@ class SplitReport:
     listed: int | None  # ids in the split file; None: no split file
     public: int
     ok: dict[str, int] = field(default_factory=dict)  # "image" or task -> images whose files are fine
+    content: int = 0  # images whose labels were decoded (class values), of the ids listed
+    sampled: bool = False  # whether those are a sample (fewer than the ids listed)
     bad: dict[str, int] = field(default_factory=dict)  # "image" or task -> images with a problem
 
 
@@ -107,25 +118,50 @@ def _unreadable(path: Path, err: BaseException) -> _Bad:
 
 def _read(path: Path, reader: Callable[[Path], object]):
     if not path.is_file():
-        raise _Bad(path, "missing")
+        raise _Bad(path, link_problem(path) or "missing")
     try:
         return reader(path)
     except _Bad:
         raise
+    except DataFormError as err:  # opens, but in a form the loader would read wrong
+        raise _Bad(err.path or path, err.reason) from None
     except Exception as err:  # noqa: BLE001 - whatever PIL / scipy / numpy raise: the file is bad
         raise _unreadable(path, err) from None
 
 
-def _picture_size(path: Path) -> tuple[int, int]:
-    """(height, width) of a png / jpeg from its header; the file is walked (png checksums) or
-    decoded at 1/8 scale (jpeg), so a truncated or corrupt file is caught without a full decode."""
+def _picture(path: Path) -> tuple[int, int, str]:
+    """(height, width, mode) of a png / jpeg from its header; the file is walked (png checksums)
+    or decoded at 1/8 scale (jpeg), so a truncated or corrupt file is caught without a full decode."""
     with Image.open(path) as im:
         width, height = im.size
+        mode = im.mode
         if im.format == "JPEG":
             im.draft("RGB", (max(1, width // 8), max(1, height // 8)))
             im.load()
         else:
             im.verify()
+    return height, width, mode
+
+
+# The modes the releases store, read right without decoding; a file of another mode (a label
+# re-saved as RGB, a 16-bit image) is read through the loader's reader, which reads it right
+# or refuses it (fedmtl.data.layout, "reading pictures").
+_NATIVE = {"image": ("RGB", "L"), "class": ("L", "P"), "grey": ("L",), "normals": ("RGB",)}
+
+
+def _png(
+    path: Path,
+    image: tuple[int, int] | None,
+    kind: str,
+    reader: Callable[[Path], object],
+    content: bool = False,
+) -> tuple[int, int]:
+    """Check a png / jpeg of ``kind`` (a key of ``_NATIVE``): readable, of its image's size, and
+    read by ``reader`` (decoded) when ``content`` or its mode is not the release's."""
+    height, width, mode = _read(path, _picture)
+    _same_size(path, (height, width), image)
+    if content or mode not in _NATIVE[kind]:
+        _read(path, reader)
     return height, width
 
 
@@ -150,9 +186,11 @@ def _depth_shape(path: Path) -> tuple[int, ...]:
 ImageCheck = Callable[[object, str, "tuple[int, int] | None"], "dict[str, _Bad | None]"]
 
 
-def _run(checks: dict[str, Callable[[], None]]) -> dict[str, _Bad | None]:
+def _run(checks: dict[str, Callable[[], None]], tasks: Iterable[str] | None = None) -> dict[str, _Bad | None]:
     out: dict[str, _Bad | None] = {}
     for task, check in checks.items():
+        if tasks is not None and task not in tasks:
+            continue
         try:
             check()
             out[task] = None
@@ -161,11 +199,7 @@ def _run(checks: dict[str, Callable[[], None]]) -> dict[str, _Bad | None]:
     return out
 
 
-def _png_label(path: Path, image: tuple[int, int] | None) -> None:
-    _same_size(path, _read(path, _picture_size), image)
-
-
-def _pascal_checks(layout: PascalContextLayout, i: str, image: tuple[int, int] | None) -> dict:
+def _pascal_checks(layout: PascalContextLayout, i: str, image: tuple[int, int] | None, content: bool) -> dict:
     label_map: dict[str, object] = {}
 
     def the_label_map() -> None:  # edge and normals need it: read once
@@ -181,7 +215,8 @@ def _pascal_checks(layout: PascalContextLayout, i: str, image: tuple[int, int] |
 
     def semseg() -> None:
         candidates = layout.semseg_candidates(i)
-        _png_label(next((p for p in candidates if p.is_file()), candidates[0]), image)
+        path = next((p for p in candidates if p.is_file()), candidates[0])
+        _png(path, image, "class", PascalContext.read_semseg, content)
 
     def human_parts() -> None:
         path = layout.human_parts(i)
@@ -192,18 +227,16 @@ def _pascal_checks(layout: PascalContextLayout, i: str, image: tuple[int, int] |
             _read(path, lambda p: human_parts_label(objects, image, p))  # unknown part names
 
     def normals() -> None:
-        _png_label(layout.normals(i), image)
+        _png(layout.normals(i), image, "normals", read_normals)
         the_label_map()
 
-    return _run(
-        {
-            "semseg": semseg,
-            "human_parts": human_parts,
-            "sal": lambda: _png_label(layout.sal(i), image),
-            "normals": normals,
-            "edge": the_label_map,
-        }
-    )
+    return {
+        "semseg": semseg,
+        "human_parts": human_parts,
+        "sal": lambda: _png(layout.sal(i), image, "grey", read_grey_label),
+        "normals": normals,
+        "edge": the_label_map,
+    }
 
 
 def _pascal_meta(layout: PascalContextLayout) -> list[tuple[str, _Bad]]:
@@ -217,19 +250,17 @@ def _pascal_meta(layout: PascalContextLayout) -> list[tuple[str, _Bad]]:
     return problems
 
 
-def _nyud_checks(layout: NYUDLayout, i: str, image: tuple[int, int] | None) -> dict:
+def _nyud_checks(layout: NYUDLayout, i: str, image: tuple[int, int] | None, content: bool) -> dict:
     def depth() -> None:
         path = layout.depth(i)
         _same_size(path, _read(path, _depth_shape), image)
 
-    return _run(
-        {
-            "semseg": lambda: _png_label(layout.semseg(i), image),
-            "normals": lambda: _png_label(layout.normals(i), image),
-            "edge": lambda: _png_label(layout.edge(i), image),
-            "depth": depth,
-        }
-    )
+    return {
+        "semseg": lambda: _png(layout.semseg(i), image, "class", NYUD.read_semseg, content),
+        "normals": lambda: _png(layout.normals(i), image, "normals", read_normals),
+        "edge": lambda: _png(layout.edge(i), image, "grey", read_grey_label),
+        "depth": depth,
+    }
 
 
 @dataclass(frozen=True)
@@ -245,13 +276,24 @@ _CHECKERS = {
 }
 
 
-def _check_image(layout, checker: _Checker, i: str) -> tuple[_Bad | None, dict[str, _Bad | None]]:
+def _check_image(
+    layout, checker: _Checker, i: str, content: bool = False, tasks: Iterable[str] | None = None
+) -> tuple[_Bad | None, dict[str, _Bad | None]]:
     try:
-        size = _read(layout.image(i), _picture_size)
+        size = _png(layout.image(i), None, "image", read_image)
         image_problem = None
     except _Bad as bad:
         size, image_problem = None, bad
-    return image_problem, checker.image_checks(layout, i, size)
+    return image_problem, _run(checker.image_checks(layout, i, size, content), tasks)
+
+
+def sample_ids(ids: Sequence[str], sample: int | None, seed: int = 0) -> set[str]:
+    """The ids whose labels are decoded: all when ``sample`` is None or 0 or they are as few,
+    else a sample of ``sample`` drawn with ``seed`` (the same ids every run)."""
+    unique = sorted(set(ids))
+    if not sample or len(unique) <= sample:
+        return set(unique)
+    return {unique[k] for k in np.random.default_rng(seed).choice(len(unique), sample, replace=False)}
 
 
 def dataset_folder(name: str, root: Path) -> Path:
@@ -261,20 +303,31 @@ def dataset_folder(name: str, root: Path) -> Path:
 
 
 def found_datasets(root: Path) -> list[str]:
-    """The datasets whose folder is in ``root`` (or that ``root`` is)."""
-    return [name for name in DATASETS.names() if dataset_folder(name, root).is_dir()]
+    """The datasets whose folder is in ``root`` (or that ``root`` is); a folder that is a
+    broken link or a link loop counts (then it is named, not skipped)."""
+    return [
+        name
+        for name in DATASETS.names()
+        if dataset_folder(name, root).is_dir() or folder_problem(DATASETS.get(name), root)
+    ]
 
 
 def check_dataset(
-    name: str, root: str | Path, progress: bool = False, workers: int | None = None
+    name: str,
+    root: str | Path,
+    progress: bool = False,
+    workers: int | None = None,
+    sample: int | None = CONTENT_SAMPLE,
 ) -> DatasetReport:
-    """Check dataset ``name`` in the data root ``root`` (or ``root`` is its folder)."""
+    """Check dataset ``name`` in the data root ``root`` (or ``root`` is its folder); the labels
+    of ``sample`` images per split (seeded; None or 0: all) are decoded and their values checked."""
     spec = DATASETS.get(name)
     checker = _CHECKERS[name]
     folder = dataset_folder(name, Path(root))
     report = DatasetReport(name, spec.dataset_class.title, folder, ("image", *spec.tasks))
     if not folder.is_dir():
-        report.problems.append(Problem("", "dataset folder", folder, "missing"))
+        reason = link_problem(folder) or "missing"
+        report.problems.append(Problem("", "dataset folder", folder, reason))
         return report
     layout = checker.layout_class(folder)
     for what, bad in checker.meta_checks(layout):
@@ -306,10 +359,13 @@ def check_dataset(
         row.ok = dict.fromkeys(report.columns, 0)
         row.bad = dict.fromkeys(report.columns, 0)
         seen: set[Path] = set()  # a file two tasks need (the LabelMap) is listed once
+        decoded = sample_ids(ids, sample, seed=SPLITS.index(split))
+        row.content, row.sampled = len(decoded), len(decoded) < len(set(ids))
         pool = ThreadPoolExecutor(workers)
         try:
             bar = tqdm(total=len(ids), desc=f"check {name} {split}", unit="img", disable=not progress)
-            for image_problem, tasks in pool.map(lambda i: _check_image(layout, checker, i), ids):
+            checks = pool.map(lambda i, decoded=decoded: _check_image(layout, checker, i, i in decoded), ids)
+            for image_problem, tasks in checks:
                 bar.update()
                 for what, bad in (("image", image_problem), *tasks.items()):
                     if bad is None:
@@ -330,12 +386,31 @@ def check_data(
     datasets: Sequence[str] | None = None,
     progress: bool = False,
     workers: int | None = None,
+    sample: int | None = CONTENT_SAMPLE,
 ) -> list[DatasetReport]:
     """Check ``datasets`` (default: those found in ``root``, or all when none is)."""
     root = Path(root)
     if datasets is None:
         datasets = found_datasets(root) or DATASETS.names()
-    return [check_dataset(name, root, progress, workers) for name in datasets]
+    return [check_dataset(name, root, progress, workers, sample) for name in datasets]
+
+
+def check_sample(
+    name: str, root: str | Path, tasks: Iterable[str], ids_by_split: dict[str, Sequence[str]], sample: int
+) -> list[Problem]:
+    """``fit``'s content check: the files of ``tasks`` of a seeded sample of ``sample`` images
+    of each split (out of ``ids_by_split``), decoded as the loaders read them; the problems."""
+    checker = _CHECKERS[name]
+    layout = checker.layout_class(dataset_folder(name, Path(root)))
+    tasks = tuple(tasks)
+    problems = []
+    for split, ids in ids_by_split.items():
+        for i in sorted(sample_ids(ids, sample, seed=SPLITS.index(split))):
+            image_problem, by_task = _check_image(layout, checker, i, content=True, tasks=tasks)
+            for what, bad in (("image", image_problem), *by_task.items()):
+                if bad is not None:
+                    problems.append(Problem(split, what, bad.path, bad.reason))
+    return problems
 
 
 # --------------------------------------------------------------------------- report
@@ -355,6 +430,18 @@ def _cell(row: SplitReport, column: str) -> str:
     return f"{ok:,} ok / {bad:,} bad" if bad else f"{ok:,} ok"
 
 
+def _content_line(splits: Sequence[SplitReport]) -> str:
+    """How many images' labels were decoded (class values, forms), per split."""
+    read = [s for s in splits if s.listed]
+    if not any(s.sampled for s in read):
+        return "content: every image's labels decoded (class values, forms)"
+    parts = [f"{s.split} {s.content:,} of {s.listed:,}" for s in read]
+    return (
+        f"content: the labels of {', '.join(parts)} images decoded (class values, forms), a seeded "
+        "sample (--sample 0 decodes every one); every file's header (mode, size) is read"
+    )
+
+
 def format_report(reports: Iterable[DatasetReport]) -> str:
     """One table per dataset (split, images listed / public, per column: ok / bad), its notes
     and its first problems by file name."""
@@ -367,6 +454,7 @@ def format_report(reports: Iterable[DatasetReport]) -> str:
                 listed = "no split file" if s.listed is None else f"{s.listed:,}"
                 rows.append([r.name, s.split, f"{listed} / {s.public:,}", *(_cell(s, c) for c in r.columns)])
             lines += _table(rows)
+            lines.append(_content_line(r.splits))
         lines += [f"note: {note}" for note in r.notes]
         if r.problems:
             lines.append(f"problems ({len(r.problems):,}):")
@@ -396,7 +484,9 @@ def raise_on_problems(
     )
 
 
-def check_command(root: str | Path | None, dataset: str | None, progress: bool) -> None:
+def check_command(
+    root: str | Path | None, dataset: str | None, progress: bool, sample: int | None = CONTENT_SAMPLE
+) -> None:
     """``fedmtl data check``: print the report; ValueError when a loader would fail."""
     if root is None:
         from fedmtl.config import DataConfig
@@ -404,11 +494,17 @@ def check_command(root: str | Path | None, dataset: str | None, progress: bool) 
         root = DataConfig().resolved_root()
     if dataset is not None and dataset not in DATASETS:
         raise ValueError(f"--dataset: unknown dataset {dataset!r}; known: {', '.join(DATASETS.names())}")
+    if sample is not None and sample < 0:
+        raise ValueError(
+            f"--sample {sample}: must be >= 0 (images per split whose labels are decoded; 0: all)"
+        )
+    if (problem := link_problem(Path(root))) is not None:
+        raise FileNotFoundError(f"data root {root} is {problem}")
     if not Path(root).is_dir():
         raise FileNotFoundError(
             f"data root {root} not found: --root (or $FEDMTL_DATA) must be the folder holding PASCALContext/ "
             f"and NYUDv2/; to get them: unpack {ARCHIVES} with: fedmtl data prepare ARCHIVE... --root {root}"
         )
-    reports = check_data(root, None if dataset is None else [dataset], progress=progress)
+    reports = check_data(root, None if dataset is None else [dataset], progress=progress, sample=sample)
     print(format_report(reports))
     raise_on_problems(reports, root)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fedmtl.data.cache import SampleCache
-from fedmtl.data.layout import SPLITS, read_split
+from fedmtl.data.layout import SPLITS, DataFormError, link_problem, read_split
 from fedmtl.data.transforms import (
     PAPER_SCALE_RANGE,
     Sample,
@@ -156,6 +156,11 @@ class DenseDataset(torch.utils.data.Dataset):
         """The semseg label of an image as integers (255 = ignore): its png alone, decoded."""
         raise NotImplementedError
 
+    @staticmethod
+    def read_semseg(path: Path) -> np.ndarray:
+        """A semseg png as the integer labels ``semseg_label`` gives, its class values checked."""
+        raise NotImplementedError
+
     @classmethod
     def keeps_subset(cls, tasks: Sequence[str]) -> bool:
         """Whether a dataset of ``tasks`` may keep fewer images than its ``indices`` (then
@@ -189,6 +194,9 @@ class DenseDataset(torch.utils.data.Dataset):
         if missing:
             what, path = missing[0]
             more = f" (and {len(missing) - 1} more missing files)" if len(missing) > 1 else ""
+            problem = link_problem(path)
+            if problem:  # there, but a link that leads nowhere: "not found" would send the user looking
+                raise FileNotFoundError(f"{self.title} {self.split} {what} {path} is {problem}{more}")
             raise self.missing(f"{self.title} {self.split} {what}", path, more)
 
     # --- Dataset protocol
@@ -225,6 +233,12 @@ class DenseDataset(torch.utils.data.Dataset):
             return sample
         try:
             sample = self._load(image_id)
+        except (
+            DataFormError
+        ) as err:  # names the file and the fix already (e.g. a file changed after the check)
+            raise DataFormError(
+                f"{self.title} {self.split} image {image_id!r}: {err}", err.path, err.reason
+            ) from err
         except (OSError, ValueError, KeyError, IndexError) as err:  # PIL, scipy.io, numpy
             files = [next((p for p in paths if p.is_file()), paths[0]) for _, paths in self._files(image_id)]
             raise ValueError(
@@ -275,6 +289,14 @@ class DatasetSpec:
 
 
 DATASETS = Registry[DatasetSpec]("dataset")
+
+
+def folder_problem(spec: DatasetSpec, root: str | Path) -> str | None:
+    """What is wrong with the dataset folder under the data root ``root`` when it is a symbolic
+    link that leads nowhere (broken, or a loop): one line naming it; None otherwise."""
+    folder = Path(root) / spec.root_folder
+    problem = link_problem(folder)
+    return f"{spec.name} dataset folder {folder} is {problem}" if problem else None
 
 
 def dataset_root(spec: DatasetSpec, root: str | Path) -> Path:

@@ -28,8 +28,10 @@ NYUD-v2 (``NYUDv2/``)::
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,22 @@ def encode_normals(normals: np.ndarray) -> np.ndarray:
 def decode_normals(rgb: np.ndarray) -> np.ndarray:
     """uint8 RGB -> float32 normals in [-1, 1] (2x/255 - 1, as the public loaders do)."""
     return (2.0 * rgb.astype(np.float32) / 255.0 - 1.0).astype(np.float32)
+
+
+def link_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be reached, when a symbolic link is the cause: a loop (on it or a
+    folder above it) or a link to nothing; None otherwise (also when it is fine)."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link loop (Symlink loop): replace the link by the file or folder it stands for"
+        if path.is_symlink():
+            return (
+                f"a broken symbolic link (to {os.readlink(path)}, which does not exist): point it at "
+                "the file or folder it stands for, or remove it"
+            )
+    return None
 
 
 def read_split(path: Path) -> list[str]:
@@ -282,3 +300,152 @@ class NYUDLayout:
         _save_png(self.normals(i), encode_normals(normals))
         self.depth(i).parent.mkdir(parents=True, exist_ok=True)
         np.save(self.depth(i), depth.astype(np.float32))
+
+
+# --------------------------------------------------------------------------- reading pictures
+#
+# How every png / jpeg is read, by the loaders and by ``fedmtl data check`` alike. The releases
+# store 8-bit RGB images, grey (L) or palette (P) class labels, grey intensity labels (sal,
+# edge) and 8-bit RGB normals. A file re-saved in another form is read the same where the form
+# is unambiguous (a 16-bit image is scaled to 0..255; a palette label's indices are its
+# classes; an RGB label whose three channels are equal is grey; an alpha channel that is opaque
+# everywhere is dropped), and refused naming the file otherwise, so that it is never read wrong.
+
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+_RGB_LIKE = ("RGB", "L", "P", "1", "CMYK", "YCbCr")  # convert("RGB") reads them right
+
+
+class DataFormError(ValueError):
+    """A file that opens but is not in a form its loader reads right: the message names the
+    file and what to do (one argument, so that a DataLoader worker can re-raise it)."""
+
+    def __init__(self, message: str, path: Path | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason or message
+
+
+def _form_error(path: Path, reason: str) -> DataFormError:
+    return DataFormError(f"{path}: {reason}", path, reason)
+
+
+def _opaque(im: Image.Image) -> bool:
+    """Whether an image with transparency is opaque everywhere (its alpha says nothing)."""
+    return im.convert("RGBA").getchannel("A").getextrema() == (255, 255)
+
+
+def _has_alpha(im: Image.Image) -> bool:
+    return im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info
+
+
+def _sixteen_bit(im: Image.Image) -> bool:
+    """A 16-bit grey picture (PIL opens a 16-bit grey png as I;16, or as I on older versions)."""
+    return im.mode in _SIXTEEN_BIT or (im.mode == "I" and im.format == "PNG")
+
+
+def _equal_channels(rgb: np.ndarray, path: Path, what: str, fix: str) -> np.ndarray:
+    """[H, W, 3] whose channels are equal -> [H, W]; a colour picture is refused."""
+    if not (np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 0], rgb[..., 2])):
+        raise _form_error(path, f"{what} in colour (RGB), its channels differ: {fix}")
+    return rgb[..., 0]
+
+
+def _mode_refused(im: Image.Image, path: Path, what: str, fix: str) -> DataFormError:
+    return _form_error(path, f"{what} of mode {im.mode} ({im.format or 'unknown format'}), not read: {fix}")
+
+
+def _read_opaque(im: Image.Image, path: Path, what: str, fix: str) -> Image.Image:
+    if _has_alpha(im):
+        if not _opaque(im):
+            raise _form_error(path, f"{what} with transparent pixels: {fix}")
+        return im.convert("RGBA").convert("RGB")
+    return im
+
+
+IMAGE_FIX = "save it as an 8-bit RGB image"
+
+
+def read_image(path: Path) -> np.ndarray:
+    """An input image as float32 [H, W, 3] in 0..255: 8-bit RGB, grey or palette as stored,
+    16-bit grey scaled by 255/65535 (v / 257: 257 * x reads x)."""
+    with Image.open(path) as im:
+        if _sixteen_bit(im):
+            grey = np.asarray(im, dtype=np.float32)
+            if grey.max(initial=0) > 65535 or grey.min(initial=0) < 0:
+                raise _mode_refused(im, path, "an image", IMAGE_FIX)
+            grey = grey / 257.0
+            return np.repeat(grey[..., None], 3, axis=2)
+        if _has_alpha(im):
+            im = _read_opaque(im, path, "an image", IMAGE_FIX)
+        elif im.mode not in _RGB_LIKE:
+            raise _mode_refused(im, path, "an image", IMAGE_FIX)
+        return np.asarray(im.convert("RGB"), dtype=np.float32)
+
+
+CLASS_FIX = "save the class ids as a grey (L) or palette (P) png, one id per pixel"
+
+
+def read_class_label(path: Path) -> np.ndarray:
+    """A class label (semseg) as int64 [H, W], the stored values: a grey png's values, a
+    palette png's indices (not its colours), a 16-bit png's values; an RGB png whose channels
+    are equal is read as grey."""
+    with Image.open(path) as im:
+        if _has_alpha(im) and im.mode != "P":
+            im = _read_opaque(im, path, "a label", CLASS_FIX)
+        if im.mode in ("L", "P", "1") or _sixteen_bit(im):
+            return np.asarray(im).astype(np.int64)
+        if im.mode == "RGB":
+            return _equal_channels(np.asarray(im), path, "a label", CLASS_FIX).astype(np.int64)
+        raise _mode_refused(im, path, "a label", CLASS_FIX)
+
+
+GREY_FIX = "save it as a grey (L) 8-bit png"
+
+
+def read_grey_label(path: Path) -> np.ndarray:
+    """An intensity label (sal, edge) as float32 [H, W] in 0..255: a grey png's values, a
+    bilevel png's 0/255, a palette png's grey levels, a 16-bit png scaled by 255/65535; an RGB
+    png (or palette) whose channels are equal is read as grey."""
+    with Image.open(path) as im:
+        if _sixteen_bit(im):
+            return np.asarray(im, dtype=np.float32) / 257.0
+        if _has_alpha(im):
+            im = _read_opaque(im, path, "a label", GREY_FIX)
+        if im.mode in ("L", "1"):
+            return np.asarray(im.convert("L"), dtype=np.float32)
+        if im.mode in ("RGB", "P"):
+            grey = _equal_channels(np.asarray(im.convert("RGB")), path, "a label", GREY_FIX)
+            return grey.astype(np.float32)
+        raise _mode_refused(im, path, "a label", GREY_FIX)
+
+
+NORMALS_FIX = "save the normals as an 8-bit RGB png, RGB = (n + 1) / 2 * 255"
+
+
+def read_normals(path: Path) -> np.ndarray:
+    """A normals png as float32 [H, W, 3] in [-1, 1]: 8-bit RGB (or palette) as stored; a grey
+    png holds no normals and is refused."""
+    with Image.open(path) as im:
+        if _has_alpha(im):
+            im = _read_opaque(im, path, "a normals label", NORMALS_FIX)
+        if im.mode not in ("RGB", "P"):
+            raise _mode_refused(im, path, "a normals label", NORMALS_FIX)
+        return decode_normals(np.asarray(im.convert("RGB")))
+
+
+def check_class_values(
+    stored: np.ndarray, path: Path, highest: int, ignore: int | None, allowed: str
+) -> None:
+    """A class label's stored values are ``0 .. highest`` or ``ignore``; else DataFormError naming
+    the file, the values outside (``allowed`` says what is allowed) and how many pixels hold them.
+    A value past the classes would stop training mid-round (``Target 100 is out of bounds``)."""
+    bad = (stored < 0) | (stored > highest)
+    if ignore is not None:
+        bad &= stored != ignore
+    if not bad.any():
+        return
+    values = [str(v) for v in np.unique(stored[bad])[:4]]
+    raise _form_error(
+        path,
+        f"holds class value {', '.join(values)} in {int(bad.sum()):,} pixels, outside {allowed}: fix or "
+        "replace the label, or remove the image's id from the split files",
+    )

@@ -19,11 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from fedmtl.data.classes import NYU_CLASSES
 from fedmtl.data.datasets import DATASETS, DatasetSpec, DenseDataset
-from fedmtl.data.layout import NYUD_TREE, NYUDLayout, decode_normals
+from fedmtl.data.layout import (
+    NYUD_TREE,
+    NYUDLayout,
+    check_class_values,
+    read_class_label,
+    read_grey_label,
+    read_image,
+    read_normals,
+)
 from fedmtl.data.transforms import IGNORE, Sample
 
 
@@ -50,22 +57,30 @@ class NYUD(DenseDataset):
             yield f"{task} label", (label_file[task](image_id),)
 
     def semseg_label(self, image_id: str) -> np.ndarray:
-        semseg = np.asarray(Image.open(self.layout.semseg(image_id))).astype(np.int64) - 1
+        return self.read_semseg(self.layout.semseg(image_id))
+
+    @staticmethod
+    def read_semseg(path: Path) -> np.ndarray:
+        """A semseg png as int64 labels (stored - 1, unlabelled 255); a stored value past the 40
+        classes raises DataFormError naming the file."""
+        stored = read_class_label(path)
+        # A stored 255 would read as 254, past the classes: only 0 (unlabelled) and 1..40 are labels.
+        allowed = f"0 (unlabelled) and 1-{len(NYU_CLASSES)} (NYUD-v2's {len(NYU_CLASSES)} classes stored as label + 1)"
+        check_class_values(stored, path, len(NYU_CLASSES), None, allowed)
+        semseg = stored - 1
         semseg[semseg == -1] = IGNORE
         return semseg
 
     def _load(self, image_id: str) -> Sample:
         layout = self.layout
-        image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
+        image = read_image(layout.image(image_id))
         sample: Sample = {"image": image}
         if "semseg" in self.tasks:
             sample["semseg"] = self.semseg_label(image_id).astype(np.float32)
         if "normals" in self.tasks:
-            sample["normals"] = decode_normals(
-                np.asarray(Image.open(layout.normals(image_id)).convert("RGB"))
-            )
+            sample["normals"] = read_normals(layout.normals(image_id))
         if "edge" in self.tasks:
-            sample["edge"] = np.asarray(Image.open(layout.edge(image_id)), dtype=np.float32) / 255.0
+            sample["edge"] = read_grey_label(layout.edge(image_id)) / 255.0
         if "depth" in self.tasks:
             sample["depth"] = np.load(layout.depth(image_id)).astype(np.float32)
         for task in self.tasks:

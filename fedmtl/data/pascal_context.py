@@ -57,7 +57,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from scipy import ndimage
 from skimage.morphology import thin
 
@@ -67,8 +66,12 @@ from fedmtl.data.layout import (
     PASCAL_CONTEXT_TREE,
     PartAnnotation,
     PascalContextLayout,
-    decode_normals,
+    check_class_values,
+    read_class_label,
+    read_grey_label,
+    read_image,
     read_label_map,
+    read_normals,
     read_part_annotations,
 )
 from fedmtl.data.transforms import IGNORE, Sample
@@ -256,8 +259,16 @@ class PascalContext(DenseDataset):
         return tuple(tasks) == ("human_parts",)  # a parts-only client keeps images with a person
 
     def semseg_label(self, image_id: str) -> np.ndarray:
-        path = next(p for p in self.layout.semseg_candidates(image_id) if p.is_file())
-        return np.asarray(Image.open(path)).astype(np.int64)
+        return self.read_semseg(next(p for p in self.layout.semseg_candidates(image_id) if p.is_file()))
+
+    @staticmethod
+    def read_semseg(path: Path) -> np.ndarray:
+        """A semseg png as int64 labels, its values as stored; one past the 21 classes (not 255)
+        raises DataFormError naming the file."""
+        label = read_class_label(path)
+        allowed = f"0-{len(VOC_CLASSES) - 1} (the {len(VOC_CLASSES)} classes) and {IGNORE} (ignored)"
+        check_class_values(label, path, len(VOC_CLASSES) - 1, IGNORE, allowed)
+        return label
 
     def _has_person(self, image_id: str) -> bool:
         return has_person(self.layout.human_parts(image_id))
@@ -312,7 +323,7 @@ class PascalContext(DenseDataset):
 
     def _load(self, image_id: str) -> Sample:
         layout = self.layout
-        image = np.asarray(Image.open(layout.image(image_id)).convert("RGB"), dtype=np.float32)
+        image = read_image(layout.image(image_id))
         shape = image.shape[:2]
         sample: Sample = {"image": image}
         label_map = None
@@ -324,11 +335,9 @@ class PascalContext(DenseDataset):
             path = layout.human_parts(image_id)
             sample["human_parts"] = human_parts_label(read_part_annotations(path), shape, path)
         if "sal" in self.tasks:
-            sample["sal"] = (
-                np.asarray(Image.open(layout.sal(image_id)), dtype=np.float32) / 255.0 > 0.5
-            ).astype(np.float32)
+            sample["sal"] = (read_grey_label(layout.sal(image_id)) / 255.0 > 0.5).astype(np.float32)
         if "normals" in self.tasks:
-            normals = decode_normals(np.asarray(Image.open(layout.normals(image_id)).convert("RGB")))
+            normals = read_normals(layout.normals(image_id))
             # The public code writes 0 here and turns zero-length normals into 255 later
             # (AddIgnoreRegions); we mark them 255 at once: 255 = ignore everywhere.
             normals[~np.isin(label_map, self.normals_classes)] = IGNORE

@@ -2,8 +2,10 @@
 
 Each failure is one ValueError / FileNotFoundError naming the problem and the fix; the CLI
 prints it as one ``error:`` line. Everything here is cheap next to a round: one sample per
-split and client architecture is read, and one forward pass of each architecture runs at
-the training size.
+split and client architecture is read, the label files of a seeded sample of
+:data:`CONTENT_SAMPLE` images per split and dataset are decoded as the loaders read them
+(forms, class values, sizes: :func:`fedmtl.data.check.check_sample`), and one forward pass of
+each architecture runs at the training size.
 """
 
 from __future__ import annotations
@@ -14,17 +16,34 @@ from pathlib import Path
 import torch
 
 from fedmtl.config import RunConfig
-from fedmtl.data.check import check_hint
-from fedmtl.data.datasets import DATASETS, build_dataset
-from fedmtl.data.layout import read_split
+from fedmtl.data.check import check_hint, check_sample
+from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
+from fedmtl.data.layout import link_problem, read_split
 from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.scenario import build_scenario
 
 _LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+CONTENT_SAMPLE = 32  # images per split and dataset whose labels fit decodes before writing
+
+
+def check_data_links(cfg: RunConfig, broken: bool = True) -> None:
+    """The data root and the folders of the datasets the clients use are not symbolic links
+    that lead nowhere: a loop (``Symlink loop``), or with ``broken`` a link to nothing (which
+    would read as a missing dataset, or a data root without the dataset's folder)."""
+    root = Path(cfg.data.resolved_root())
+    problem = link_problem(root)
+    if problem and (broken or "loop" in problem):
+        raise FileNotFoundError(f"data root {root} (data.root or $FEDMTL_DATA) is {problem}")
+    for name in sorted({group.dataset for group in cfg.clients}):
+        problem = folder_problem(DATASETS.get(name), root)
+        if problem and (broken or "loop" in problem):
+            raise FileNotFoundError(f"{problem}; {check_hint(root)}")
 
 
 def check_environment(cfg: RunConfig) -> None:
-    """The accelerator exists, CPU processes fit the cores, several nodes have a launcher."""
+    """The accelerator exists, CPU processes fit the cores, several nodes have a launcher, the
+    data root holds no symbolic link loop (checked here: before synthetic data is generated)."""
+    check_data_links(cfg, broken=False)
     accelerator = cfg.accelerator.lower()
     if accelerator in ("gpu", "cuda"):
         if not torch.cuda.is_available():
@@ -59,6 +78,7 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
     ``build_scenario``), every split they use is readable and not empty, and every client
     architecture runs at the training size (held-out clients too); returns the federation's
     clients."""
+    check_data_links(cfg)  # before build_scenario: a broken link would read as a missing split
     federated, held_out = build_scenario(cfg)
     specs = [*federated, *held_out]
     root = cfg.data.resolved_root()
@@ -95,8 +115,31 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             except ValueError as err:
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
+    check_content(cfg, specs)  # after the reads above, which name a missing file as "not found"
     check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
     return federated
+
+
+def check_content(cfg: RunConfig, specs: list[ClientSpec]) -> None:
+    """The label files of a seeded sample of each dataset's images the clients train on (and of
+    its val split) read as the loaders read them: a class value past the classes, a label in a
+    form read wrong, a size that is not its image's is one error naming the file. The files not
+    in the sample are checked as they are read (DenseDataset raises naming the file)."""
+    root = cfg.data.resolved_root()
+    for name in sorted({s.dataset for s in specs}):
+        spec = DATASETS.get(name)
+        mine = [s for s in specs if s.dataset == name]
+        train = read_split(spec.split_file(root, "train"))
+        positions = sorted({int(k) for s in mine for k in (s.train_indices or ())})
+        ids = {
+            "train": [train[k] for k in positions if 0 <= k < len(train)],
+            "val": read_split(spec.split_file(root, "val")),
+        }
+        tasks = sorted({t for s in mine for t in s.tasks})
+        problems = check_sample(name, root, tasks, ids, CONTENT_SAMPLE)
+        if problems:
+            more = f" (and {len(problems) - 1} more in the sample)" if len(problems) > 1 else ""
+            raise ValueError(f"{spec.dataset_class.title} {problems[0]}{more}; {check_hint(root)}")
 
 
 def available_memory() -> int | None:

@@ -191,7 +191,9 @@ def synth(
         overwrite: replace ``root`` if it already holds files (refused otherwise).
     """
     from fedmtl.synth import generate
+    from fedmtl.synth.generator import check_options
 
+    check_options(num_train, num_val, size, seed, workers, prefix="--")  # named as typed
     out = generate(
         dataset,
         root,
@@ -364,34 +366,48 @@ def _ensure_data(cfg: Any) -> None:
     """Generate the datasets a scenario needs when its config asks for synthetic data.
 
     Only the leader generates (before Fabric launches the other local processes); under
-    torchrun or SLURM every process starts at once, so generate the data beforehand."""
+    torchrun or SLURM every process starts at once, so generate the data beforehand. Holds the
+    data root while it generates: a second fit (or synth) there waits, then finds the data
+    written and uses it (fedmtl.data.rootlock)."""
+    from fedmtl.data import rootlock
     from fedmtl.data.datasets import DATASETS
     from fedmtl.synth import generate
 
     if cfg.data.synth is None or not _is_leader():
         return
     root = cfg.data.resolved_root()
-    for dataset in sorted({group.dataset for group in cfg.clients}):
-        spec = DATASETS.get(dataset)
-        s = cfg.data.synth.get(dataset)
-        if s is None or spec.split_file(root, "train").is_file():
-            continue
-        folder = Path(root) / spec.root_folder
-        if folder.is_dir() and any(folder.iterdir()):
-            raise ValueError(
-                f"data.synth.{dataset}: {folder} holds files but no {dataset} training split, so fedmtl will "
-                f"not write synthetic data over it: move it away, or point data.root at another folder"
+    missing = [
+        dataset
+        for dataset in sorted({group.dataset for group in cfg.clients})
+        if cfg.data.synth.get(dataset) is not None
+        and not DATASETS.get(dataset).split_file(root, "train").is_file()
+    ]
+    if not missing:  # the usual case: no lock taken, nothing written
+        return
+    with rootlock.hold(Path(root), "data.root"):
+        for dataset in missing:
+            spec, s = DATASETS.get(dataset), cfg.data.synth[dataset]
+            folder = Path(root) / spec.root_folder
+            if spec.split_file(root, "train").is_file():  # written while this process waited
+                print(
+                    f"using the synthetic {dataset} data another process wrote in {folder}", file=sys.stderr
+                )
+                continue
+            if folder.is_dir() and any(folder.iterdir()):
+                raise ValueError(
+                    f"data.synth.{dataset}: {folder} holds files but no {dataset} training split, so fedmtl "
+                    f"will not write synthetic data over it: move it away, or point data.root at another folder"
+                )
+            print(f"generating synthetic {dataset} data in {folder} (first use)", file=sys.stderr)
+            generate(
+                dataset,
+                folder,
+                num_train=s.num_train,
+                num_val=s.num_val,
+                size=tuple(s.size),
+                seed=s.seed,
+                progress=interactive(),
             )
-        print(f"generating synthetic {dataset} data in {folder} (first use)", file=sys.stderr)
-        generate(
-            dataset,
-            folder,
-            num_train=s.num_train,
-            num_val=s.num_val,
-            size=tuple(s.size),
-            seed=s.seed,
-            progress=interactive(),
-        )
 
 
 def format_results(summary: dict[str, Any]) -> str:

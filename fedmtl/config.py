@@ -30,6 +30,8 @@ MIN_SYNTH_SIZE = 16
 MAX_SEED = 2**32 - 1  # numpy's (and so Lightning's seed_everything) range
 # = fedmtl.data.pascal_context.HUMAN_PARTS_SELECTIONS, not imported: the config module stays light
 HUMAN_PARTS_SELECTIONS = ("correct", "public")
+# = fedmtl.synth.SYNTH.names(), not imported: the config module stays light
+SYNTH_DATASETS = ("nyud", "pascal_context")
 
 
 def _at_least(name: str, value: int, low: int, fix: str = "") -> None:
@@ -331,6 +333,11 @@ class DataConfig:
         # Checked here, not in SynthConfig.__post_init__: jsonargparse would wrap an error raised
         # inside the `dict | None` type in a multi-line union report, and here the key is known.
         for dataset, synth in (self.synth or {}).items():
+            if dataset not in SYNTH_DATASETS:  # a misspelt key would leave its dataset missing, silently
+                raise ValueError(
+                    f"data.synth has no dataset {dataset!r}: its keys are the datasets to generate, "
+                    f"{' or '.join(SYNTH_DATASETS)}; correct or remove that key"
+                )
             synth.check(f"data.synth.{dataset}")
 
     def resolved_root(self) -> str:

@@ -22,18 +22,21 @@ archive's folder, or a device / fifo is refused (tar members also pass tarfile's
 filter), and the archive is not unpacked.
 
 Nothing is overwritten: every archive is first unpacked in full into a staging folder inside
-the root (``ROOT/.fedmtl-prepare.partial``, holding the marker file ``.fedmtl-prepare-partial``),
+the root (``ROOT/.fedmtl-prepare.partial.HOST.PID``, holding the marker file
+``.fedmtl-prepare-partial``, which names its owner),
 then compared with what the root holds: a file that exists with different content is an error
 naming it and nothing is written; a file with the same content is skipped; only then are the
 new files moved in (a dataset folder the root lacks is renamed into place whole, so it appears
 complete or not at all). A failed or interrupted prepare deletes its staging folder; if it
-could not (killed), the next prepare does. Run twice with the same archives, the second run
-changes nothing and says so. At the end the datasets found in the archives are checked
+could not (killed), a later prepare does, once its owner is gone (:mod:`fedmtl.data.rootlock`).
+One prepare at a time per root: a second waits for the first. Run twice with the same archives
+(one after the other or at once), the second run changes nothing and says so. At the end the datasets found in the archives are checked
 (:mod:`fedmtl.data.check`) and the table printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import lzma
 import os
@@ -48,10 +51,12 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from tqdm import tqdm
 
+from fedmtl.data import rootlock
 from fedmtl.data.datasets import DATASETS
 
 STAGING = ".fedmtl-prepare.partial"  # inside the root, while archives are unpacked
 MARKER = ".fedmtl-prepare-partial"  # in the staging folder: only a folder holding it is ours to delete
+_WHOSE = "fedmtl data prepare's"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ZIP_SUFFIXES = (".zip",)
 _JUNK = {"__MACOSX", ".DS_Store", MARKER}  # archive debris that is neither data nor worth listing
@@ -251,21 +256,6 @@ def _same(a: Path, b: Path) -> bool:
 # --------------------------------------------------------------------------- prepare
 
 
-def _clear_leftover(root: Path) -> bool:
-    """Delete the staging folder an interrupted prepare left; refuse a folder of that name
-    that is not ours. Whether one was deleted."""
-    staging = root / STAGING
-    if not (staging.exists() or staging.is_symlink()):
-        return False
-    if staging.is_symlink() or not staging.is_dir() or not (staging / MARKER).is_file():
-        raise ValueError(
-            f"{staging} is in the way: it has the name of fedmtl data prepare's staging folder but not "
-            f"its marker file {MARKER}, so it is not deleted: move or delete it, then run again"
-        )
-    shutil.rmtree(staging)
-    return True
-
-
 def prepare(archives: Sequence[str | Path], root: str | Path, progress: bool = False) -> PrepareResult:
     """Unpack ``archives`` into ``root`` (see the module docstring); nothing is overwritten and
     a failure leaves the root as it was (ValueError / FileNotFoundError naming the problem)."""
@@ -285,17 +275,31 @@ def prepare(archives: Sequence[str | Path], root: str | Path, progress: bool = F
             f"--root {root} is a dataset folder; --root is the data root that holds PASCALContext/ and "
             f"NYUDv2/ (here: --root {root.parent})"
         )
-    removed = _clear_leftover(root) if root.is_dir() else False
     created = not root.exists()
-    staging = root / STAGING
+    try:
+        # One writer per data root (rootlock): a second prepare waits, then finds the files there.
+        with rootlock.hold(root, "--root") as held:
+            removed = bool(rootlock.clear_leftovers(root, STAGING, MARKER, _WHOSE, held.locked))
+            return _prepare_held(paths, root, removed, progress)
+    finally:
+        if created:  # a failed prepare leaves no empty root (unless another process wrote there)
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
+
+def _prepare_held(paths: list[Path], root: Path, removed: bool, progress: bool) -> PrepareResult:
+    """:func:`prepare` while this process holds ``root``: stage, compare, move into place."""
+    staging = rootlock.staging_path(root, STAGING)
     try:
         try:
-            staging.mkdir(parents=True)
+            staging.mkdir()
         except PermissionError as err:
             raise ValueError(
                 f"cannot create {err.filename or staging} ({err.strerror}): choose another --root"
             ) from None
-        (staging / MARKER).write_text("fedmtl data prepare is unpacking archives here; removed when done\n")
+        rootlock.write_marker(
+            staging, MARKER, "fedmtl data prepare is unpacking archives here; removed when done"
+        )
 
         # 1. unpack every archive in full, each into its own folder
         found: list[tuple[Path, str, Path]] = []  # archive, dataset folder name, unpacked folder
@@ -360,8 +364,6 @@ def prepare(archives: Sequence[str | Path], root: str | Path, progress: bool = F
                     shutil.move(source, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if created and root.is_dir() and not any(root.iterdir()):
-            root.rmdir()
     return PrepareResult(root, placed, ignored, removed)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 LOCK_FILE = ".fedmtl.lock"
 
 # errnos meaning this filesystem cannot lock at all (rather than: someone holds the lock)
-_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
 class RunDirBusy(ValueError):
@@ -44,7 +44,7 @@ def lock_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / LOCK_FILE
 
 
-def _command() -> str:
+def command_line() -> str:
     """This process's command line as the user typed it (``python -m fedmtl`` shown as ``fedmtl``)."""
     argv = list(sys.argv)
     if argv and (argv[0].endswith(os.path.join("fedmtl", "__main__.py")) or Path(argv[0]).name == "fedmtl"):
@@ -53,7 +53,14 @@ def _command() -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _describe(path: Path) -> str:
+def holder_record() -> bytes:
+    """What a holder writes into its lock file: this process's PID, host, start and command."""
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "command": command_line()}
+    return (json.dumps(holder) + "\n").encode()
+
+
+def describe_holder(path: Path) -> str:
     """Who holds the lock, from what it wrote into the lock file."""
     try:
         info = json.loads(path.read_text())
@@ -68,7 +75,7 @@ def _describe(path: Path) -> str:
 
 def _busy(run_dir: Path, path: Path) -> RunDirBusy:
     return RunDirBusy(
-        f"run_dir {run_dir} is in use by another fedmtl process ({_describe(path)}); nothing was "
+        f"run_dir {run_dir} is in use by another fedmtl process ({describe_holder(path)}); nothing was "
         "changed. Wait for it to end, or stop it and continue the run with --resume true"
     )
 
@@ -119,7 +126,7 @@ def hold(run_dir: str | Path, command: str = "fit") -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as err:
-                if err.errno in _NO_LOCKING:
+                if err.errno in NO_LOCKING:
                     print(
                         f"warning: the filesystem of {run_dir} cannot lock files ({err.strerror}): make sure "
                         "no other fedmtl process writes to this run directory",
@@ -131,10 +138,8 @@ def hold(run_dir: str | Path, command: str = "fit") -> Iterator[None]:
                 if attempt == 2:
                     raise _busy(run_dir, path) from None
                 time.sleep(0.1)
-        since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "command": _command()}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.pwrite(fd, holder_record(), 0)
         try:
             yield
         finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from fedmtl.data import rootlock
 from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
 from fedmtl.registry import Registry
 from fedmtl.synth.render import Rendering, render
@@ -233,16 +234,39 @@ def _write_chunk(
 
 _LAYOUTS = {"pascal_context": PascalContextLayout, "nyud": NYUDLayout}  # for the train split file
 _MARKER = ".fedmtl-synth-partial"  # in the staging folder: only a folder holding it is ours to delete
+_WHOSE = "the synthetic generator's"
 
 
-def _staging(target: Path) -> Path:
-    """Where a generation writes until it is complete: a hidden sibling of the dataset folder."""
-    return target.parent / f".{target.name}.synth-partial"
+def _staging_base(target: Path) -> str:
+    """The name a generation's staging folder starts with: a hidden sibling of the dataset
+    folder, ``.NAME.synth-partial.HOST.PID`` (rootlock.staging_path), one per writer."""
+    return f".{target.name}.synth-partial"
 
 
 def _aside(target: Path) -> Path:
     """Where ``overwrite=True`` moves the old dataset folder until the new one is in place."""
     return target.parent / f".{target.name}.synth-replaced"
+
+
+def check_options(
+    num_train: int, num_val: int, size: Sequence[int], seed: int, workers: int | None, prefix: str = ""
+) -> None:
+    """Refuse an out-of-range option, naming it (``prefix``: "--" on the command line)."""
+    if num_train < 1:
+        raise ValueError(
+            f"{prefix}num_train must be at least 1, got {num_train} (the training images to write)"
+        )
+    if num_val < 1:
+        raise ValueError(
+            f"{prefix}num_val must be at least 1, got {num_val} (every client is evaluated on the "
+            "validation images)"
+        )
+    if len(size) != 2 or min(int(v) for v in size) < 8:
+        raise ValueError(f"{prefix}size must be [height, width], each at least 8 pixels, got {list(size)}")
+    if seed < 0:
+        raise ValueError(f"{prefix}seed must be at least 0, got {seed}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"{prefix}workers must be at least 1, got {workers} (or leave it out: one per core)")
 
 
 def _check_target(dataset: str, root: Path, target: Path, overwrite: bool) -> None:
@@ -275,30 +299,21 @@ def _check_target(dataset: str, root: Path, target: Path, overwrite: bool) -> No
             f"{aside} holds the old contents of {root}, moved aside by an interrupted --overwrite: "
             f"{keep}delete it, then run again"
         )
-    staging = _staging(target)
-    ours = staging.is_dir() and not staging.is_symlink() and (staging / _MARKER).is_file()
-    if (staging.exists() or staging.is_symlink()) and not ours:
-        raise ValueError(
-            f"{staging} is in the way: it has the name of the synthetic generator's staging folder but "
-            f"not its marker file {_MARKER}, so it is not deleted: move or delete it, then run again"
-        )
 
 
 def _start_staging(root: Path, target: Path) -> Path:
-    """An empty staging folder holding only our marker; a leftover of ours (from an interrupted
-    generation) is deleted first."""
-    staging = _staging(target)
+    """This process's empty staging folder, holding only our marker (naming us)."""
+    staging = rootlock.staging_path(target.parent, _staging_base(target))
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if staging.exists():  # ours: _check_target found the marker
-            shutil.rmtree(staging)
         staging.mkdir()
     except PermissionError as err:
         raise ValueError(
             f"cannot create {err.filename or staging} ({err.strerror}): {root} must be in a folder "
             f"you can write to ({target.parent}); choose another --root"
         ) from None
-    (staging / _MARKER).write_text(f"fedmtl data synth is writing {target} here; removed when complete\n")
+    rootlock.write_marker(
+        staging, _MARKER, f"fedmtl data synth is writing {target} here; removed when complete"
+    )
     return staging
 
 
@@ -344,49 +359,50 @@ def generate(
     ``workers`` processes render in parallel (default: one per core; 1 renders in this process).
 
     A ``root`` that already holds files is refused with a ValueError (before anything is written)
-    unless ``overwrite``. The images are written to a hidden sibling folder, renamed to ``root``
-    only when complete (with ``overwrite``, the old folder is deleted only after that), so an
-    interrupted generation leaves no ``root``; its leftover is deleted by the next call.
+    unless ``overwrite``. The images are written to a hidden sibling folder of this process's
+    own, renamed to ``root`` only when complete (with ``overwrite``, the old folder is deleted
+    only after that), so an interrupted generation leaves no ``root``; its leftover is deleted by
+    a later call once its owner is gone. One writer at a time per folder holding ``root``: a
+    second waits for the first (:mod:`fedmtl.data.rootlock`).
     """
     try:
         spec = SYNTH.get(dataset)
     except KeyError as err:
         raise ValueError(err.args[0]) from None
-    if num_train < 0 or num_val < 0:
-        raise ValueError(f"image counts must be >= 0, got num_train={num_train}, num_val={num_val}")
+    check_options(num_train, num_val, size, seed, workers)
     height, width = (int(v) for v in size)
-    if height < 8 or width < 8:
-        raise ValueError(f"size must be at least 8 x 8 pixels, got {tuple(size)}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
     root = Path(root)
     target = root.resolve()  # a symlinked dataset folder: work next to the folder it points to
-    _check_target(dataset, root, target, overwrite)
-    staging = _start_staging(root, target)
-    try:
-        counts = dict(zip(SPLITS, (num_train, num_val)))
-        spec.write_meta(
-            staging, {split: [spec.image_id(split, i) for i in range(n)] for split, n in counts.items()}
-        )
+    _check_target(dataset, root, target, overwrite)  # at once, not after waiting for the lock
+    # One writer per data root (rootlock): a second one waits, then sees what the first wrote.
+    with rootlock.hold(target.parent, "--root", root) as held:
+        _check_target(dataset, root, target, overwrite)
+        rootlock.clear_leftovers(target.parent, _staging_base(target), _MARKER, _WHOSE, held.locked)
+        staging = _start_staging(root, target)
+        try:
+            counts = dict(zip(SPLITS, (num_train, num_val)))
+            spec.write_meta(
+                staging, {split: [spec.image_id(split, i) for i in range(n)] for split, n in counts.items()}
+            )
 
-        workers = max(1, os.cpu_count() or 1) if workers is None else max(1, workers)
-        total = num_train + num_val
-        chunk = max(1, min(32, total // (4 * workers)))
-        jobs = [
-            (dataset, staging, seed, split, range(start, min(start + chunk, n)), (height, width))
-            for split, n in counts.items()
-            for start in range(0, n, chunk)
-        ]
-        with tqdm(total=total, desc=f"synth {dataset}", unit="img", disable=not progress) as bar:
-            if workers == 1:
-                for job in jobs:
-                    bar.update(_write_chunk(*job))
-            else:
-                with ProcessPoolExecutor(workers) as pool:
-                    for done in as_completed([pool.submit(_write_chunk, *job) for job in jobs]):
-                        bar.update(done.result())
-        _move_into_place(staging, target, root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # best effort; else the next call deletes it
-        raise
+            workers = max(1, os.cpu_count() or 1) if workers is None else workers
+            total = num_train + num_val
+            chunk = max(1, min(32, total // (4 * workers)))
+            jobs = [
+                (dataset, staging, seed, split, range(start, min(start + chunk, n)), (height, width))
+                for split, n in counts.items()
+                for start in range(0, n, chunk)
+            ]
+            with tqdm(total=total, desc=f"synth {dataset}", unit="img", disable=not progress) as bar:
+                if workers == 1:
+                    for job in jobs:
+                        bar.update(_write_chunk(*job))
+                else:
+                    with ProcessPoolExecutor(workers) as pool:
+                        for done in as_completed([pool.submit(_write_chunk, *job) for job in jobs]):
+                            bar.update(done.result())
+            _move_into_place(staging, target, root)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # best effort; else a later call deletes it
+            raise
     return root

@@ -11,6 +11,13 @@ of runs written before results.json recorded it and tells which runs share a con
 curves read ``metrics.csv`` (``val/<client>/<task>_<metric>`` every evaluation round); the
 partition figure reads each client's ``class_histogram`` in results.json.
 
+Scoring. The runs compared must be scored the same way: every option that changes a metric's
+number (``evaluation.edge_thin_gt``, the padding size ``data.train_size``, the validation
+split; ``fedmtl.federated.scoring``) is equal across them, or the report is refused naming the
+option, its two values and the two runs. results.json records them under ``"scoring"``; for a
+run written before it did, config.yaml and data_fingerprint.json say what they can, and an
+option neither says is not compared.
+
 Rows. Runs whose config differs only in the seed (and in where and how they ran: the fields
 a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method, labelled by
 their algorithm (``FedAvg``); a run on its own is labelled by its directory name. Without
@@ -52,7 +59,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +118,8 @@ class Run:
     config_key: str  # equal for runs whose configs differ only in the seed
     rounds: int | None = None  # the run's last round (results.json); None: not recorded
     cost: Cost | None = None  # None: results.json does not record it
+    # What changes a metric's number (fedmtl.federated.scoring); an option not known is absent
+    scoring: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -195,7 +204,29 @@ def load_run(path: str | Path, held_out: bool = False) -> Run:
         config_key=_config_key(config, results),
         rounds=results["rounds"] if isinstance(results.get("rounds"), int) else None,
         cost=_cost(path, results),
+        scoring=_scoring(path, config, results),
     )
+
+
+def _scoring(path: Path, config: Mapping[str, Any], results: Mapping[str, Any]) -> Mapping[str, Any]:
+    """How the run was scored: results.json's ``scoring``, or for a run written before it was
+    recorded, what its config.yaml and data fingerprint say."""
+    from fedmtl.federated import scoring
+
+    recorded = results.get("scoring")
+    if isinstance(recorded, dict):
+        return recorded
+    held = results.get("held_out")
+    everyone = [
+        *results["clients"].values(),
+        *(
+            held["clients"].values()
+            if isinstance(held, dict) and isinstance(held.get("clients"), dict)
+            else ()
+        ),
+    ]
+    scenario = [(info.get("dataset"), info.get("tasks") or ()) for info in everyone if isinstance(info, dict)]
+    return scoring.from_run_files(config, scenario, scoring.read_fingerprint(path))
 
 
 def _cost(path: Path, results: Mapping[str, Any]) -> Cost | None:
@@ -311,7 +342,25 @@ def load_runs(paths: Iterable[str | Path], held_out: bool = False) -> list[Run]:
         runs.append(load_run(path, held_out))
         seen.add(runs[-1].path.resolve())
     check_same_scenario(runs)
+    check_same_scoring(runs)
     return runs
+
+
+def check_same_scoring(runs: Sequence[Run]) -> None:
+    """Raise unless every run was scored the same way: a metric under another evaluation
+    option, padding or validation split is another number, and Δm across them means nothing.
+    An option a run does not record (written before it was recorded) is not compared."""
+    from fedmtl.federated.scoring import first_difference, shown
+
+    for k, first in enumerate(runs):
+        for other in runs[k + 1 :]:
+            differs = first_difference(first.scoring, other.scoring)
+            if differs is not None:
+                option, mine, theirs = differs
+                raise ValueError(
+                    f"{first.path} and {other.path} were scored differently: {option} {shown(mine)} vs "
+                    f"{shown(theirs)}; compare runs scored the same way"
+                )
 
 
 def check_same_scenario(runs: Sequence[Run]) -> None:

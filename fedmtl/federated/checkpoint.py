@@ -51,12 +51,49 @@ def _root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _name(round_: int) -> str:
+def round_name(round_: int) -> str:
+    """A round's checkpoint folder name: ``round_0001``, ``round_12345``."""
     return f"round_{round_:04d}"
 
 
+def round_globs(rounds: int) -> list[str]:
+    """Glob patterns matching exactly the folder names of rounds 1..``rounds`` (``round_0001``
+    ...; five digits and more past 9999): a handful, however many rounds."""
+    out = []
+    digits = 4
+    while 10 ** (digits - 1) <= rounds or digits == 4:
+        low = 1 if digits == 4 else 10 ** (digits - 1)
+        high = min(rounds, 10**digits - 1)
+        out += [f"round_{g}" for g in _number_globs(f"{low:0{digits}d}", f"{high:0{digits}d}")]
+        digits += 1
+    return out
+
+
+def _number_globs(low: str, high: str) -> list[str]:
+    """Glob patterns matching exactly the digit strings from ``low`` to ``high`` (equal lengths)."""
+    if low == high:
+        return [low]
+    rest = len(low) - 1
+    if low[0] == high[0]:
+        return [low[0] + g for g in _number_globs(low[1:], high[1:])]
+    out = []
+    first, last = int(low[0]), int(high[0])
+    if low[1:] != "0" * rest:  # low's leading digit only from low's tail upwards
+        out += [low[0] + g for g in _number_globs(low[1:], "9" * rest)]
+        first += 1
+    whole_last = high[1:] == "9" * rest
+    if not whole_last:
+        last -= 1
+    if first <= last:
+        digit = str(first) if first == last else f"[{first}-{last}]"
+        out.append(digit + "[0-9]" * rest)
+    if not whole_last:
+        out += [high[0] + g for g in _number_globs("0" * rest, high[1:])]
+    return out
+
+
 def staging_dir(run_dir: str | Path, round_: int) -> Path:
-    return _root(run_dir) / f"{_name(round_)}.tmp"
+    return _root(run_dir) / f"{round_name(round_)}.tmp"
 
 
 def discard(run_dir: str | Path, round_: int) -> None:
@@ -68,8 +105,10 @@ def discard(run_dir: str | Path, round_: int) -> None:
 def run_paths(rounds: int | None) -> list[str]:
     """What this module may write, relative to the run directory, for the run's manifest: each
     round's folder and staging folder (with everything in them), the latest pointer and its
-    temporary file. ``rounds=None``: any round, as glob patterns (a run without a manifest)."""
-    names = [_name(r) for r in range(1, rounds + 1)] if rounds is not None else ["round_[0-9][0-9][0-9][0-9]"]
+    temporary file. Rounds 1..``rounds`` as a few glob patterns (:func:`round_globs`), not a
+    name per round: a run meant to go until stopped (``--rounds 100000000``) has a small
+    manifest. ``rounds=None``: any round (a run without a manifest)."""
+    names = round_globs(rounds) if rounds is not None else ["round_[0-9][0-9][0-9][0-9]"]
     folders = [f"checkpoints/{name}{suffix}" for name in names for suffix in ("", ".tmp", f"{SUPERSEDED}*")]
     return [*folders, "checkpoints/latest", "checkpoints/.latest.tmp"]
 
@@ -159,7 +198,7 @@ def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int 
     staging = staging_dir(run_dir, round_)
     atomic_save(server, staging / "server.pt")
     integrity.seal(staging)  # SHA256SUMS, checked when the folder is read back
-    final = root / _name(round_)
+    final = root / round_name(round_)
     if final.exists():  # a rerun of the same round: the resume skipped this folder
         set_aside(final)
     staging.rename(final)

@@ -149,7 +149,7 @@ class Simulation:
                     log_heatmaps(self.fabric.loggers, self.method.log_matrices(), number)
             if is_zero and not bars:
                 print(progress_line(number, cfg.rounds, values), file=sys.stderr, flush=True)
-            self._prune_receipts()
+            self._prune_receipts(number)
             every = cfg.checkpoint_every
             if number == cfg.rounds or (every > 0 and number % every == 0):
                 self._checkpoint(number)
@@ -256,7 +256,7 @@ class Simulation:
                         else receipts.rows.read(row_round, i, name, self.federation.encoder_layout.numel)
                     )
                     checkpoint.write_row(self.run_dir, number, row_round, i, name, source, row)
-        pending, drawn = self._pending_everywhere()
+        pending, drawn = self._pending_everywhere(number)
         with self.ranks.phase(stop=False, undo=discard, round_=number):
             if self.ranks.is_zero:
                 rounds = sorted({r for rs in pending.values() for r in rs})
@@ -270,19 +270,21 @@ class Simulation:
                 }
                 checkpoint.publish(self.run_dir, number, server)
 
-    def _prune_receipts(self) -> None:
-        """Forget the receipts that no client of any rank holds any more."""
-        held = torch.zeros(self.cfg.rounds + 1, dtype=torch.int32, device=self.ranks.device)
+    def _prune_receipts(self, number: int) -> None:
+        """Forget the receipts that no client of any rank holds any more, after round ``number``
+        (receipts are of rounds done: the table grows with them, not with the rounds planned)."""
+        held = torch.zeros(number + 1, dtype=torch.int32, device=self.ranks.device)
         for r in self.receipts.held_rounds():
             held[r] = 1
         held = self.ranks.sum(held).cpu()
         self.receipts.prune({r for r in range(len(held)) if held[r]})
 
-    def _pending_everywhere(self) -> tuple[dict[int, list[int]], list[int]]:
+    def _pending_everywhere(self, number: int) -> tuple[dict[int, list[int]], list[int]]:
         """Every client's pending receipts, in round order, and the clients never stored (a
         client that has not trained is drawn again from the seed: the checkpoint holds no file
-        of it). Each rank knows its own."""
-        n, rounds = len(self.clients), self.cfg.rounds
+        of it), at round ``number``: receipts are of rounds done, so the table is clients x
+        rounds done, not x rounds planned. Each rank knows its own."""
+        n, rounds = len(self.clients), number
         table = torch.zeros(n, rounds + 2, dtype=torch.int32, device=self.ranks.device)
         for i, held in self.receipts.pending.items():
             table[i, held] = 1

@@ -3,7 +3,7 @@ exactly that and nothing else.
 
 ``RUN_DIR/.fedmtl-manifest.json``::
 
-    {"format": 1, "paths": ["config.yaml", "checkpoints/round_0001", ...,
+    {"format": 1, "paths": ["config.yaml", "checkpoints/round_000[1-9]", ...,
                             "wandb/offline-run-????????_??????-*"],
      "folders": ["checkpoints", "store", "wandb"]}
 
@@ -14,8 +14,8 @@ run made to hold them: removed once empty, kept, with what is in them, otherwise
 user's ``checkpoints/my_model.pt`` or ``notes.txt`` survives an overwrite.
 
 The leader writes the manifest under the run's lock (``runlock.py``) before the run's first
-write, listing everything the run *may* write (every round's checkpoint folder, every rank's
-store), so a path is recorded before it exists, never after: a run killed at any moment
+write, listing everything the run *may* write (every round's checkpoint folder, as a few glob
+patterns so that the file does not grow with the rounds planned; every rank's store), so a path is recorded before it exists, never after: a run killed at any moment
 leaves nothing unrecorded, and no two ranks ever write the file. A resume or ``validate``
 adds what it may add (more ranks) and rewrites the file only when that changes it. A new
 file a run writes goes into :data:`~fedmtl.federated.rundir.RUN_ENTRIES` (top level) or
@@ -92,6 +92,11 @@ def record(run_dir: Path, rounds: int, ranks: int) -> None:
     paths, folders = planned(rounds, ranks)
     current = read(run_dir)
     old = current or {"paths": [], "folders": []}
+    if f"checkpoints/{checkpoint.round_name(rounds)}" in old["paths"]:
+        # An older fedmtl's manifest names each round's folder: it already lists the rounds the
+        # patterns cover, so a resume (of a finished run: no file changes) leaves it as it is.
+        covered = set(checkpoint.run_paths(rounds))
+        paths = [p for p in paths if p not in covered or p in old["paths"]]
     new = {
         "format": FORMAT,
         "about": "what fedmtl wrote in this folder; `fedmtl fit --overwrite true` removes these and nothing else",

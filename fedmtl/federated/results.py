@@ -16,7 +16,7 @@ from typing import Any
 
 from fedmtl.aggregation import communication
 from fedmtl.config import RunConfig
-from fedmtl.federated import availability, evaluation, held_out
+from fedmtl.federated import availability, evaluation, held_out, scoring
 from fedmtl.federated.client import ClientSpec
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.scenario import TrainedImages, class_histograms
@@ -95,6 +95,8 @@ class RunRecord:
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), datasets),
             # Bytes up and down, per client by pool and in all (docs/evaluation.md, "Communication cost")
             "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
+            # What changes a metric's number: fedmtl report compares only runs scored alike
+            "scoring": self.scoring(),
         }
         if self.cfg.availability.enabled:
             summary["availability"] = self._availability_totals(rounds)
@@ -125,6 +127,23 @@ class RunRecord:
         if any(nonfinite.values()):
             summary["nonfinite"] = {label: names for label, names in nonfinite.items() if names}
         return summary
+
+    def scoring(self) -> dict[str, Any]:
+        """How the metrics were scored (:func:`fedmtl.federated.scoring.scoring_block`): the
+        evaluation options in force now (a resume may change them), the padding size, and the
+        validation splits of the run's data fingerprint."""
+        from pathlib import Path
+
+        from fedmtl.tasks import EDGE_MAX_DIST
+
+        specs = [*self.clients.specs, *self.clients.held_out]
+        return scoring.scoring_block(
+            self.cfg.evaluation.edge_thin_gt,
+            self.cfg.data.train_size,
+            [(s.dataset, s.tasks) for s in specs],
+            scoring.read_fingerprint(Path(self.cfg.run_dir)),
+            EDGE_MAX_DIST,
+        )
 
     def _record_partition(self, *tables: dict[str, Any]) -> None:
         """Each client's ``train_images`` (the images it trains on) and ``class_histogram``

@@ -682,12 +682,15 @@ def _command(args: Namespace, argv: list[str]) -> int:
         return stop.exit_code
     except stopping.PeerFailed:
         return 1  # the rank that failed said why
-    except OSError as err:
-        from fedmtl.federated.store import WRITE_ERRNOS
+    except (OSError, RuntimeError) as err:
+        from fedmtl.files import os_failure
 
-        if err.errno not in WRITE_ERRNOS:
+        # Permissions, a read-only or full disk, a file-size or open-file limit, a link loop, a
+        # file in the path: the system's refusal (perhaps inside torch's or pathlib's error).
+        failure = os_failure(err)
+        if failure is None:
             raise
-        print(f"error: {_write_failed_line(args, argv, err)}", file=sys.stderr)
+        print(f"error: {_write_failed_line(args, argv, failure)}", file=sys.stderr)
         return 1
     return 0
 
@@ -745,19 +748,19 @@ def _stopped_line(args: Namespace, argv: list[str], signum: int, stop: Any = Non
 
 
 def _write_failed_line(args: Namespace, argv: list[str], err: OSError) -> str:
-    """A write that failed (a full disk, a quota, an I/O error, a read-only disk) as one line:
-    the file, the space, what was kept and how to continue."""
-    import errno
-
-    from fedmtl.federated.store import describe_write_error
+    """An operating-system failure (a full disk, a quota, an I/O error, a read-only disk,
+    permissions, a limit: ``store.OS_FIXES``) as one line: the file, the cause, the fix and,
+    for ``fit``, what was kept and how to continue."""
+    from fedmtl.files import describe_write_error, os_fix
 
     if args.command != "fit":
-        return describe_write_error(err)
+        return f"{describe_write_error(err)}; {os_fix(err)}, then run the command again"
     line = describe_write_error(err, where=Path(args.fit.run_dir))
-    fixes = {errno.ENOSPC: "free space", errno.EDQUOT: "free space (quota)", errno.EROFS: "make it writable"}
-    state, action = _continue_with(args, argv)
-    fix = fixes.get(err.errno, "check the disk")
-    return f"{line}. Nothing partial was kept and {state}: {fix}, then {action}"
+    try:
+        state, action = _continue_with(args, argv)
+    except OSError:  # the run directory itself cannot be read (its permissions, the same limit)
+        return f"{line}: {os_fix(err)}, then run the command again"
+    return f"{line}. Nothing partial was kept and {state}: {os_fix(err)}, then {action}"
 
 
 if __name__ == "__main__":

@@ -922,12 +922,19 @@ def check_outputs(
 
 
 def write_text(path: str | Path, text: str, overwrite: bool) -> None:
-    # Mode "x" refuses a file that appeared after the check: a user's file is never replaced.
-    with open(path, "w" if overwrite else "x", encoding="utf-8") as f:
-        f.write(text)
+    """``path`` holds ``text`` whole, or is as it was (written to a hidden temporary name and
+    renamed: a full disk, a file-size limit or a kill never leaves a part of it). Without
+    ``overwrite`` a file that appeared after the checks is never replaced."""
+    from fedmtl.files import replace_file
+
+    data = text.encode("utf-8")
+    replace_file(path, lambda f: f.write(data), overwrite=overwrite)
 
 
 def write_figure(path: str | Path, figure, overwrite: bool) -> None:
+    """``figure`` to ``path`` (.png or .svg), as :func:`write_text` writes a table."""
+    from fedmtl.files import replace_file
+
     path = Path(path)
-    with open(path, "wb" if overwrite else "xb") as f:
-        figure.savefig(f, format=path.suffix.lower().lstrip("."), dpi=120)
+    fmt = path.suffix.lower().lstrip(".")
+    replace_file(path, lambda f: figure.savefig(f, format=fmt, dpi=120), overwrite=overwrite)

@@ -107,7 +107,12 @@ def check_writable(run_dir: Path) -> None:
     existing = run_dir
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir():  # a regular file in the path: no folder can be made under it
+        raise ValueError(
+            f"run_dir {run_dir}: {existing} is a file, not a folder, so nothing can be written under it; "
+            "choose another --run_dir"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(
             f"run_dir {run_dir}: cannot write to {existing.resolve()} (permission denied); "
             "choose a writable --run_dir"
@@ -186,8 +191,10 @@ def wandb_run_id(run_dir: Path) -> str:
     path = run_dir / "wandb_run_id"
     if path.is_file():
         return path.read_text().strip()
+    from fedmtl.files import replace_file  # never an empty id left by a write cut short
+
     run_id = secrets.token_hex(4)
-    path.write_text(run_id + "\n")
+    replace_file(path, lambda f: f.write(f"{run_id}\n".encode()))
     return run_id
 
 

@@ -20,7 +20,7 @@ from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from fedmtl.config import LoggerConfig
-from fedmtl.federated.store import writing
+from fedmtl.files import temporary_name, writing
 
 
 class CSVScalarLogger(Logger):
@@ -77,7 +77,7 @@ class CSVScalarLogger(Logger):
         kept = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= round_]
         if len(kept) == len(rows):
             return  # nothing to drop: no write (a resume on a full disk gets as far as it can)
-        tmp = self.path.with_suffix(".csv.tmp")
+        tmp = temporary_name(self.path)  # hidden, and renamed over the file: never half of it
         with writing(self.path, tmp, needed=self.path.stat().st_size):
             with open(tmp, "w", newline="") as f:
                 csv.writer(f).writerows(kept)

@@ -9,92 +9,40 @@ Files are written to a temporary name and renamed into place (a crash mid-write 
 previous file intact; the client store skips the fsync, as a crash resumes from the
 checkpoint) and read with ``torch.load(weights_only=True)``: tensors, numbers and
 strings only, never arbitrary pickled objects. A write that fails for a reason outside the
-run (a full disk, a quota, an I/O error, a read-only file system) removes its temporary file
-and raises :class:`WriteFailed`, which names the file and, for a full disk, the space it
-needs and the space free (:func:`describe_write_error`): the CLI prints it as one line.
+run (a full disk, a quota, an I/O error, a read-only file system, permissions, a file-size
+limit: :data:`OS_FIXES`) removes its temporary file and raises :class:`WriteFailed`, which
+names the file and, for a full disk, the space it needs and the space free
+(:func:`describe_write_error`): the CLI prints it as one line with the fix (:func:`os_fix`).
+torch.save writes through a Python file object, so that a failing write's OSError (a
+file-size limit's EFBIG) reaches the chain of torch's RuntimeError instead of being lost
+inside its C++ writer.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import math
 import os
 import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedmtl.federated import packing
+from fedmtl.files import (  # noqa: F401 - the run's writers and the CLI find them here too
+    OS_FIXES,
+    WRITE_ERRNOS,
+    WriteFailed,
+    describe_write_error,
+    os_failure,
+    os_fix,
+    writing,
+)
 from fedmtl.tensors import to_host
 
 ClientState = dict[str, Any]
-
-
-#: Write failures that come from outside the run: a full disk, a quota, an I/O error, a
-#: read-only file system. They are one line naming the file, never a traceback.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
-
-
-class WriteFailed(OSError):
-    """Writing ``filename`` failed with one of :data:`WRITE_ERRNOS`; nothing partial was kept.
-    ``needed``: the bytes the file needed, when known."""
-
-    def __init__(self, err: OSError, path: Path, needed: int | None = None) -> None:
-        super().__init__(err.errno, err.strerror or os.strerror(err.errno or 0), str(path))
-        self.needed = needed
-        self.free = _free_bytes(path)  # now: what is freed after the failure would not explain it
-
-    def __str__(self) -> str:
-        return describe_write_error(self)
-
-
-def _write_error(err: BaseException) -> OSError | None:
-    """The OSError of :data:`WRITE_ERRNOS` behind ``err``: torch.save reports a full disk as a
-    RuntimeError of its zip writer, raised while handling the OSError."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
-
-
-def describe_write_error(err: OSError, where: Path | None = None) -> str:
-    """``err`` (of :data:`WRITE_ERRNOS`) as words: what failed, the file (or ``where``, when
-    the error does not name one), and for a full disk the space needed and free."""
-    path = Path(err.filename) if err.filename else where
-    what = (err.strerror or os.strerror(err.errno or 0)).rstrip(".").lower()
-    if path is None:
-        text = what
-    else:
-        text = f"{what} writing {path}" if err.filename else f"{what} writing into {path}"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT) and path is not None:
-        needed = getattr(err, "needed", None)
-        free = err.free if isinstance(err, WriteFailed) else _free_bytes(path)
-        space = [f"it needs about {_mib(needed)}"] if needed else []
-        space += [f"{_mib(free)} free there"] if free is not None else []
-        if space:
-            text += f" ({'; '.join(space)})"
-    return text
-
-
-def _free_bytes(path: Path) -> int | None:
-    for folder in (path, *path.parents):
-        if folder.exists():
-            try:
-                return shutil.disk_usage(folder).free
-            except OSError:
-                return None
-    return None
 
 
 def payload_bytes(obj: Any) -> int:
@@ -106,22 +54,6 @@ def payload_bytes(obj: Any) -> int:
     if isinstance(obj, list | tuple):
         return sum(payload_bytes(v) for v in obj)
     return 0
-
-
-@contextlib.contextmanager
-def writing(path: Path, tmp: Path | None = None, needed: int | None = None) -> Iterator[None]:
-    """Write ``path`` (through ``tmp``) in this block: on any failure ``tmp`` is removed, and
-    a failure of :data:`WRITE_ERRNOS` becomes :class:`WriteFailed` naming ``path``."""
-    try:
-        yield
-    except BaseException as err:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-        cause = _write_error(err)
-        if cause is None or isinstance(err, WriteFailed):
-            raise
-        raise WriteFailed(cause, path, needed) from err
 
 
 def atomic_save(obj: Any, path: str | Path, durable: bool = True) -> None:
@@ -168,6 +100,8 @@ def safe_load(path: str | Path, mmap: bool = False) -> Any:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         return packing.unpack(obj) if packing.is_packed(obj) else obj
     except Exception as err:  # torch raises anything from EOFError to UnpicklingError on a bad file
+        if os_failure(err) is not None:  # unreadable (permissions, a limit), not damaged: the CLI says so
+            raise
         with open(path, "rb") as f:
             head = f.read(1024)
         try:

@@ -938,29 +938,45 @@ def _run_dir_under_file(sweep: Sweep, tmp: Path) -> Plan:
     return Plan(fit(sweep.config(tmp), tmp / "notes.txt" / "run"), protect=[tmp / "notes.txt"])
 
 
+def _no_zero_scores(run: Path) -> None:
+    """Two rounds of the tiny run may score an mIoU of 0, against which Δm is undefined: such
+    scores become 0.5 in the copy's results.json (the cases test writing, not scoring)."""
+
+    def lift(value):
+        if isinstance(value, dict):
+            return {k: lift(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [lift(v) for v in value]
+        return 0.5 if isinstance(value, float) and value == 0.0 else value
+
+    path = run / "results.json"
+    path.write_text(json.dumps(lift(json.loads(path.read_text()))))
+
+
 def _report_replacing(option: str, name: str) -> Callable[[Sweep, Path], Plan]:
     """``report --OPTION old --overwrite true`` where the new file cannot be written in full: the
     old one stays byte for byte."""
 
     def prepare(sweep: Sweep, tmp: Path) -> Plan:
         run = sweep.copy_run(tmp)
+        _no_zero_scores(run)
         old = tmp / name
         old.write_bytes(bytes(random.Random(1).randrange(256) for _ in range(4096)))
         argv = ["report", str(run), "--baseline", str(run), option, str(old), "--overwrite", "true"]
-        return Plan(argv, protect=[old], limits=_fsize(1024))
+        return Plan(argv, protect=[old], limits=_fsize(64))
 
     return prepare
 
 
 case(
     "report_output_file_size_limit",
-    "`report --output old.md --overwrite true` under `ulimit -f` 1 KiB",
+    "`report --output old.md --overwrite true` under `ulimit -f` 64 bytes",
     names=(("old.md",), ("too large",)),
     needs_run=True,
 )(_report_replacing("--output", "old.md"))
 case(
     "report_curves_file_size_limit",
-    "`report --curves old.png --overwrite true` under `ulimit -f` 1 KiB",
+    "`report --curves old.png --overwrite true` under `ulimit -f` 64 bytes",
     names=(("old.png",), ("too large",)),
     needs_run=True,
 )(_report_replacing("--curves", "old.png"))

@@ -513,3 +513,21 @@ def test_same_batches_whatever_the_number_of_workers(nyud_root):
     serial, parallel = epoch(0), epoch(2)
     assert len(serial) == len(parallel) == 2
     assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+
+
+def test_a_file_the_system_will_not_open_is_named_as_such_not_as_corrupt(nyud_root, monkeypatch):
+    """A permission or open-file refusal is the system's, not a damaged file: the error says so,
+    and it is a ValueError, whose words survive a DataLoader worker (an OSError's errno does not)."""
+    import errno
+
+    from fedmtl.data import nyud
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(nyud, "read_image", denied)
+    with pytest.raises(ValueError) as caught:
+        NYUD(nyud_root, "val")[1]
+    message = str(caught.value)
+    assert "permission denied" in message and "corrupt" not in message
+    assert "give this user access" in message

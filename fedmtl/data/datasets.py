@@ -35,6 +35,7 @@ from fedmtl.data.transforms import (
     eval_transforms,
     train_transforms,
 )
+from fedmtl.files import describe_write_error, os_failure, os_fix
 from fedmtl.registry import Registry
 from fedmtl.tasks import TASKS
 
@@ -240,6 +241,13 @@ class DenseDataset(torch.utils.data.Dataset):
                 f"{self.title} {self.split} image {image_id!r}: {err}", err.path, err.reason
             ) from err
         except (OSError, ValueError, KeyError, IndexError) as err:  # PIL, scipy.io, numpy
+            if (failure := os_failure(err)) is not None:
+                # The system's refusal (permissions, an open-file limit), not a corrupt file. A
+                # ValueError keeps its words through a DataLoader worker, which drops an errno.
+                raise ValueError(
+                    f"{self.title} {self.split} image {image_id!r}: {describe_write_error(failure)}; "
+                    f"{os_fix(failure)}, then run the command again"
+                ) from err
             files = [next((p for p in paths if p.is_file()), paths[0]) for _, paths in self._files(image_id)]
             raise ValueError(
                 f"{self.title} {self.split} image {image_id!r} cannot be read ({type(err).__name__}: "

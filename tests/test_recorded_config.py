@@ -1,0 +1,204 @@
+"""Issue #36: a run is resumed and evaluated only under the config it was written under.
+
+Every checkpoint records the config the run computes with (its ``server.pt``); a resume,
+``validate`` and ``test`` compare it (and config.yaml) with theirs before loading a state and
+name the first difference. A resume without ``--config`` uses the run's own. A config file
+with a repeated key is refused; a checkpoint whose file does not load and whose SHA256SUMS is
+gone is skipped like one whose checksums fail. Several processes or nodes started with
+different configs are refused before the first round, and a rank killed with SIGKILL ends the
+others with one line.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedmtl.cli import main
+from fedmtl.federated import checkpoint
+from tests.helpers import file_hashes, read_results, refused_keeping, tiny_config
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """``fedmtl ARGV`` in-process: exit code and the non-blank stderr lines."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as done:
+        code = done.code
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def finished(module_dir, data_root) -> tuple[Path, Path]:
+    """A finished 2-round run (config, run_dir) with both rounds' checkpoints; tests copy it."""
+    from tests.helpers import fit
+
+    config = tiny_config(module_dir, data_root, rounds=2)
+    fit(config, module_dir / "run")
+    return config, module_dir / "run"
+
+
+@pytest.fixture
+def run_dir(finished, tmp_path) -> Path:
+    shutil.copytree(finished[1], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _fit(config: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(config), "--run_dir", str(run_dir), *extra]
+
+
+def _edit_config(run_dir: Path, change) -> None:
+    """The run's config.yaml changed by ``change(dict)``."""
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    change(saved)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+
+
+# ---------------------------------------------------------------------------- the recorded config
+
+
+def test_every_checkpoint_records_the_config_it_computes_with(finished):
+    for folder in checkpoint.round_folders(finished[1]):
+        recorded = checkpoint.recorded_config(folder)
+        assert recorded["seed"] == 0 and recorded["rounds"] == 2
+        assert [g["dataset"] for g in recorded["clients"]] == ["pascal_context", "nyud"]
+        assert "run_dir" not in recorded and "root" not in recorded["data"]  # where it ran: not recorded
+
+
+def test_a_resume_whose_config_yaml_was_lost_refuses_another_seed(finished, run_dir, tmp_path, capsys):
+    """Before: accepted silently, and results.json reported a seed round 1 never used."""
+    (run_dir / "config.yaml").unlink()
+    (run_dir / "checkpoints" / "round_0002").rename(run_dir / "checkpoints" / "away")  # round 2 to train
+    (run_dir / "checkpoints" / "latest").write_text("round_0001")
+    other = tiny_config(tmp_path, yaml.safe_load(finished[0].read_text())["data"]["root"], rounds=2, seed=1)
+    (line,) = refused_keeping(_fit(other, run_dir, "--resume", "true"), run_dir, capsys)
+    folder = run_dir / "checkpoints" / "round_0001"
+    assert line.startswith(
+        f"error: resume: this config differs from the config checkpoint {folder} was written under "
+        "(recorded in its server.pt) in what the run computes: seed: 0 -> 1. Resume with the run's values"
+    )
+    # With the run's own values it resumes, restores config.yaml and ends as the run did.
+    code, err = _run(_fit(finished[0], run_dir, "--resume", "true"), capsys)
+    assert code == 0, err
+    assert read_results(run_dir)["clients"] == read_results(finished[1])["clients"]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0
+
+
+def test_validate_after_the_client_groups_were_reordered_names_them(run_dir, capsys):
+    """Before: ``Error(s) in loading state_dict`` from one architecture's state in another's model."""
+    _edit_config(run_dir, lambda c: c["clients"].reverse())
+    (line,) = refused_keeping(["validate", "--run_dir", str(run_dir)], run_dir, capsys)
+    assert line.startswith(
+        f"error: validate: {run_dir / 'config.yaml'} differs from the config checkpoint "
+        f"{run_dir / 'checkpoints' / 'round_0002'} was written under (recorded in its server.pt) in what the "
+        "run computes: clients[0].dataset: 'pascal_context' -> 'nyud'; "
+    )
+    assert "clients[0].tasks: ['semseg', 'sal'] -> ['semseg', 'depth']" in line
+    assert "Restore the run's own config.yaml" in line
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_validate_refuses_an_edited_seed_or_architecture(run_dir, capsys, command):
+    _edit_config(run_dir, lambda c: c.update(seed=1, model={**c["model"], "backbone": "resnet18"}))
+    (line,) = refused_keeping([command, "--run_dir", str(run_dir)], run_dir, capsys)
+    assert f"error: {command}: " in line
+    assert "model.backbone: 'regnetx_002' -> 'resnet18'; seed: 0 -> 1" in line
+
+
+# ---------------------------------------------------------------------------- no --config
+
+
+def test_a_resume_without_config_uses_the_runs_config_yaml(finished, run_dir, capsys):
+    """Before: ``Parser key "clients": ... required``."""
+    code, err = _run(["fit", "--run_dir", str(run_dir), "--resume", "true"], capsys)
+    assert code == 0, err
+    assert err[0] == f"resume: no --config given: using the run's {run_dir / 'config.yaml'}"
+    assert "the run finished its 2 rounds" in err[-1]
+
+
+def test_a_resume_without_config_or_config_yaml_uses_the_checkpoints(finished, run_dir, capsys):
+    (run_dir / "config.yaml").unlink()
+    root = yaml.safe_load(finished[0].read_text())["data"]["root"]
+    code, err = _run(["fit", "--run_dir", str(run_dir), "--resume", "true", "--data.root", root], capsys)
+    assert code == 0, err
+    assert err[0].startswith(
+        f"resume: no --config given and no {run_dir / 'config.yaml'}: using the config recorded in "
+        f"{run_dir / 'checkpoints' / 'round_0002'}"
+    )
+    assert "the run finished its 2 rounds" in err[-1]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0  # restored
+
+
+def test_a_resume_without_any_config_is_one_line(tmp_path, capsys):
+    for run_dir in (tmp_path / "absent", tmp_path / "empty"):
+        if run_dir.name == "empty":
+            run_dir.mkdir()
+        (line,) = refused_keeping(["fit", "--run_dir", str(run_dir), "--resume", "true"], tmp_path, capsys)
+        held = "does not exist" if run_dir.name == "absent" else "holds no config.yaml and no checkpoint"
+        assert line == (
+            f"error: fit --resume true without --config needs the run's config: {run_dir} {held}; pass it "
+            "with --config (the scenario file the run was started with)"
+        )
+
+
+# ---------------------------------------------------------------------------- duplicate keys
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        ("rounds: 2\nseed: 0\nrounds: 3\n", "rounds", (1, 3)),
+        ("data:\n  train_size: [32, 32]\n  train_size: [64, 64]\n", "train_size", (2, 3)),
+        (
+            "clients:\n- dataset: nyud\n  tasks: [depth]\n  batch_size: 2\n  batch_size: 4\n",
+            "batch_size",
+            (4, 5),
+        ),
+    ],
+    ids=["top", "nested", "client-group"],
+)
+def test_a_key_repeated_in_a_config_file_is_refused_naming_it(tmp_path, capsys, text, key, lines):
+    """Before: accepted silently, the last value winning."""
+    config = tmp_path / "dup.yaml"
+    config.write_text(text)
+    (line,) = refused_keeping(_fit(config, tmp_path / "run"), tmp_path, capsys)
+    assert line == (
+        f"error: config file {config}: key {key!r} appears twice in one mapping (lines {lines[0]} and "
+        f"{lines[1]}); YAML would keep the last silently: keep one"
+    )
+
+
+# ---------------------------------------------------------------------------- no SHA256SUMS
+
+
+@pytest.mark.parametrize("command", ["resume", "validate"])
+def test_a_truncated_file_without_sha256sums_falls_back_to_the_previous_checkpoint(
+    finished, run_dir, capsys, command
+):
+    """Before: the resume stopped on the file that does not load."""
+    for sums in run_dir.glob("checkpoints/round_*/SHA256SUMS"):
+        sums.unlink()
+    damaged = run_dir / "checkpoints" / "round_0002" / "client_0001.pt"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    argv = (
+        _fit(finished[0], run_dir, "--resume", "true")
+        if command == "resume"
+        else ["validate", "--run_dir", str(run_dir)]
+    )
+    code, err = _run(argv, capsys)
+    assert code == 0, err
+    skipped = [line for line in err if "skipped" in line]
+    assert len(skipped) == 1
+    assert skipped[0].startswith(f"{command}: checkpoint round_0002 skipped: {damaged} is corrupt, truncated")
+    assert skipped[0].endswith(
+        "and the folder has no SHA256SUMS to check it against; falling back to round_0001, the newest "
+        "intact checkpoint"
+    )
+    if command == "resume":  # round 2 trained again: the uninterrupted run's results
+        assert read_results(run_dir)["clients"] == read_results(finished[1])["clients"]
+    assert file_hashes(run_dir / "checkpoints" / "round_0001")  # the fallback is kept

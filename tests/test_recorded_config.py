@@ -202,3 +202,70 @@ def test_a_truncated_file_without_sha256sums_falls_back_to_the_previous_checkpoi
     if command == "resume":  # round 2 trained again: the uninterrupted run's results
         assert read_results(run_dir)["clients"] == read_results(finished[1])["clients"]
     assert file_hashes(run_dir / "checkpoints" / "round_0001")  # the fallback is kept
+
+
+# ---------------------------------------------------------------------------- several processes
+
+
+def _torchrun_fit(configs: list[Path], run_dir: Path) -> list[tuple[int, str]]:
+    """Two ``torchrun --nnodes 2`` launches of ``fedmtl fit`` on 127.0.0.1 (as tests/test_multinode.py
+    starts them), node ``k`` given ``configs[k]``: each launch's exit code and output."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, config in enumerate(configs):
+        command = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "-m", "fedmtl", "fit", "--config", str(config), "--run_dir", str(run_dir),
+            "--num_nodes", "2", "--devices", "1",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        procs.append(
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        )
+    out = []
+    for proc in procs:
+        try:
+            text, _ = proc.communicate(timeout=300)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        out.append((proc.returncode, text))
+    return out
+
+
+def _fedmtl_lines(output: str) -> list[str]:
+    """A launch's output up to torchrun's own report of a failed worker."""
+    return output.split("torch/distributed/elastic/multiprocessing/api.py")[0].splitlines()
+
+
+def test_nodes_started_with_different_configs_are_refused_naming_the_field(tmp_path, data_root):
+    import importlib.util
+
+    if importlib.util.find_spec("torch.distributed.run") is None:
+        pytest.skip("torchrun (torch.distributed.run) is missing")
+    configs = [
+        tiny_config(tmp_path, data_root, name="node0.yaml", rounds=1),
+        tiny_config(tmp_path, data_root, name="node1.yaml", rounds=1, seed=1),
+    ]
+    launches = _torchrun_fit(configs, tmp_path / "run")
+    assert [code for code, _ in launches] == [1, 1], launches
+    expected = (
+        "error: the processes of this run were started with different configs: seed is 0 on rank 0 and 1 on "
+        "rank 1 (node 1). Start every process and node with the same config; nothing was trained "
+        "(config.yaml holds rank 0's)"
+    )
+    for _, output in launches:  # each node's log says why, once, without a traceback
+        lines = _fedmtl_lines(output)
+        assert [line for line in lines if line.startswith("error:")] == [expected], output
+        assert not any("Traceback" in line for line in lines), output
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -406,6 +406,8 @@ def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, 
     with stopping.deferred():  # SIGTERM / SIGINT stop the run at a safe point (stopping.py)
         fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
         stopping.watch_children(fabric)
+        if config_dict is not None:  # several processes or nodes: all on one config
+            Ranks(fabric).check_same_config(config_dict, cfg.devices)
         fabric.seed_everything(cfg.seed, verbose=False)
         summary = Simulation(fabric, cfg, config_dict).fit()
     return summary if fabric.global_rank == 0 else None

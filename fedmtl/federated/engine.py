@@ -405,11 +405,17 @@ def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     with stopping.deferred():  # SIGTERM / SIGINT stop the run at a safe point (stopping.py)
         fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
-        stopping.watch_children(fabric)
-        if config_dict is not None:  # several processes or nodes: all on one config
-            Ranks(fabric).check_same_config(config_dict, cfg.devices)
-        fabric.seed_everything(cfg.seed, verbose=False)
-        summary = Simulation(fabric, cfg, config_dict).fit()
+        stopping.watch_children(fabric, run_dir)
+        try:
+            if config_dict is not None:  # several processes or nodes: all on one config
+                Ranks(fabric).check_same_config(config_dict, cfg.devices)
+            fabric.seed_everything(cfg.seed, verbose=False)
+            summary = Simulation(fabric, cfg, config_dict).fit()
+        except RuntimeError as err:  # a collective whose peer is gone (kill -9): one line, no traceback
+            if fabric.world_size < 2 or not stopping.is_peer_lost(err):
+                raise
+            other = f"rank {1 - fabric.global_rank}" if fabric.world_size == 2 else "another rank"
+            stopping.peer_lost(f"the process of {other}", "its connection closed", run_dir)
     return summary if fabric.global_rank == 0 else None
 
 

@@ -134,6 +134,18 @@ def test_a_resume_without_config_or_config_yaml_uses_the_checkpoints(finished, r
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0  # restored
 
 
+def test_validate_without_config_yaml_uses_the_checkpoints(finished, run_dir, capsys, monkeypatch):
+    (run_dir / "config.yaml").unlink()
+    monkeypatch.setenv("FEDMTL_DATA", yaml.safe_load(finished[0].read_text())["data"]["root"])
+    code, err = _run(["validate", "--run_dir", str(run_dir)], capsys)
+    assert code == 0, err
+    assert err[0] == (
+        f"validate: {run_dir / 'config.yaml'} not found: using the config recorded in checkpoint "
+        f"{run_dir / 'checkpoints' / 'round_0002'}"
+    )
+    assert (run_dir / "validate_results.json").is_file()
+
+
 def test_a_resume_without_any_config_is_one_line(tmp_path, capsys):
     for run_dir in (tmp_path / "absent", tmp_path / "empty"):
         if run_dir.name == "empty":

@@ -570,11 +570,14 @@ def _evaluate(args: Namespace, command: str) -> None:
         cfg_ns = rundir.read_config(parser, config)
         given = str(config)
     else:  # lost: the checkpoint records the config the run computes with
-        record, folder = _recorded_config(run_dir, f"`fedmtl {command}`")
-        print(
-            f"{command}: {config} not found: using the config recorded in checkpoint {folder}",
-            file=sys.stderr,
+        record, folder = _recorded_config(
+            run_dir, f"`fedmtl {command}`", "--run_dir must be the folder a `fedmtl fit` run wrote"
         )
+        if _is_leader():  # Fabric's other local ranks run this command again
+            print(
+                f"{command}: {config} not found: using the config recorded in checkpoint {folder}",
+                file=sys.stderr,
+            )
         cfg_ns = parser.parse_object(record)
         given = None
     cfg_ns.run_dir = str(run_dir)
@@ -611,10 +614,10 @@ def _from_worker(message: str) -> str:
     return message
 
 
-def _recorded_config(run_dir: Path, doing: str) -> tuple[dict[str, Any], Path]:
+def _recorded_config(run_dir: Path, doing: str, fix: str) -> tuple[dict[str, Any], Path]:
     """The config the latest checkpoint of ``run_dir`` records (what the run computes; the
     fields a resume may change are not in it) and that checkpoint; FileNotFoundError naming
-    what is missing when there is none."""
+    what is missing, and ``fix``, when there is none."""
     from fedmtl.federated import checkpoint
 
     folder, _ = checkpoint.resumable(run_dir) if run_dir.is_dir() else (None, None)
@@ -628,10 +631,7 @@ def _recorded_config(run_dir: Path, doing: str) -> tuple[dict[str, Any], Path]:
             else f"{run_dir} holds no config.yaml, and its checkpoint {folder.name} was written before "
             "fedmtl recorded the run's config there"
         )
-        raise FileNotFoundError(
-            f"{doing} needs the run's config: {held}; pass it with --config (the scenario file the run "
-            "was started with)"
-        )
+        raise FileNotFoundError(f"{doing} needs the run's config: {held}; {fix}")
     return record, folder
 
 
@@ -659,7 +659,11 @@ def _resume_config(argv: list[str]) -> list[str]:
         return ["fit", "--config", str(saved), *argv[1:]]
     import json
 
-    record, folder = _recorded_config(run_dir, "fit --resume true without --config")
+    record, folder = _recorded_config(
+        run_dir,
+        "fit --resume true without --config",
+        "pass it with --config (the scenario file the run was started with)",
+    )
     if _is_leader():
         print(
             f"resume: no --config given and no {saved}: using the config recorded in {folder} (it holds what "

@@ -156,6 +156,11 @@ def test_a_resume_without_any_config_is_one_line(tmp_path, capsys):
             f"error: fit --resume true without --config needs the run's config: {run_dir} {held}; pass it "
             "with --config (the scenario file the run was started with)"
         )
+    (line,) = refused_keeping(["validate", "--run_dir", str(tmp_path / "empty")], tmp_path, capsys)
+    assert line == (
+        f"error: `fedmtl validate` needs the run's config: {tmp_path / 'empty'} holds no config.yaml and no "
+        "checkpoint; --run_dir must be the folder a `fedmtl fit` run wrote"
+    )
 
 
 # ---------------------------------------------------------------------------- duplicate keys

@@ -274,8 +274,9 @@ def computing(tree: Any, prefix: str = "") -> Any:
 
 def config_record(config: dict[str, Any]) -> str:
     """What ``server.pt`` records of the resolved config ``config``: :func:`computing` as JSON
-    text, keys sorted, so the bytes are the same on every machine and after a resume."""
-    return json.dumps(computing(config), sort_keys=True, default=str)
+    text, in the parser's order (as config.yaml lists it), the same on every machine and after
+    a resume."""
+    return json.dumps(computing(config), default=str)
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:

@@ -249,14 +249,14 @@ def _torchrun_fit(configs: list[Path], run_dir: Path) -> list[tuple[int, str]]:
             subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         )
     out = []
-    for proc in procs:
-        try:
+    try:
+        for proc in procs:
             text, _ = proc.communicate(timeout=300)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        out.append((proc.returncode, text))
+            out.append((proc.returncode, text))
+    finally:  # a launch that hangs is not left behind
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     return out
 
 

@@ -89,6 +89,7 @@ def _check_config_files(argv: list[str]) -> list[str]:
     import yaml
 
     from fedmtl import bundled
+    from fedmtl.config import read_yaml
 
     out = list(argv)
     for i, arg in enumerate(argv):
@@ -114,7 +115,7 @@ def _check_config_files(argv: list[str]) -> list[str]:
             path = Path(bundled.path(name))
         out[i] = f"--config={path}" if arg.startswith("--config=") else str(path)
         try:
-            content = yaml.safe_load(path.read_text())
+            content = read_yaml(path.read_text(), path)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -483,6 +484,10 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
         return True
     folder, _ = checkpoint.resumable(run_dir)  # raises when no checkpoint is usable
     saved = run_dir / "config.yaml"
+    if folder is not None:  # the checkpoint's own record first: config.yaml may be lost or edited
+        from fedmtl.federated import resume_checks
+
+        resume_checks.check_config(folder, cfg_ns.as_dict(), "resume", "this config")
     if folder is None:
         held = [n for n in rundir.contents(run_dir) if n in ("results.json", "metrics.csv")]
         if held:
@@ -552,6 +557,10 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
             manifest.record(run_dir, cfg.rounds, ranks)  # before the run writes any of it
             if fresh:
                 atomic_write_text(run_dir / "config.yaml", parser.dump(cfg_ns, skip_none=False))
+            elif not (run_dir / "config.yaml").is_file():  # lost: this config matched the checkpoint's
+                restored = cfg_ns.clone()
+                restored.resume = restored.overwrite = False
+                atomic_write_text(run_dir / "config.yaml", parser.dump(restored, skip_none=False))
             resume_checks.record_inputs(cfg, inputs, fresh, parser)
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
@@ -579,10 +588,21 @@ def _evaluate(args: Namespace, command: str) -> None:
             f"run_dir {run_dir} is a file, not a directory: --run_dir is the folder `fedmtl fit` wrote"
         )
     config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config} not found: --run_dir must be the folder a `fedmtl fit` run wrote")
     parser = _run_parser()
-    cfg_ns = rundir.read_config(parser, config)
+    if config.is_file():
+        cfg_ns = rundir.read_config(parser, config)
+        given = str(config)
+    else:  # lost: the checkpoint records the config the run computes with
+        record, folder = _recorded_config(
+            run_dir, f"`fedmtl {command}`", "--run_dir must be the folder a `fedmtl fit` run wrote"
+        )
+        if _is_leader():  # Fabric's other local ranks run this command again
+            print(
+                f"{command}: {config} not found: using the config recorded in checkpoint {folder}",
+                file=sys.stderr,
+            )
+        cfg_ns = parser.parse_object(record)
+        given = None
     cfg_ns.run_dir = str(run_dir)
     if args.devices is not None:
         cfg_ns.devices = args.devices
@@ -593,6 +613,12 @@ def _evaluate(args: Namespace, command: str) -> None:
     cfg_ns.logger.wandb = False
     cfg = _instantiate(parser, cfg_ns)
     leader = _is_leader()
+    if given is not None and leader:  # config.yaml against the checkpoint's record, before any state
+        from fedmtl.federated import checkpoint
+
+        folder, _ = checkpoint.resumable(run_dir)
+        if folder is not None:
+            resume_checks.check_config(folder, cfg_ns.as_dict(), command, given)
     # It writes {command}_results.json (and, with store: disk, the client store): one writer.
     with runlock.hold(run_dir, command) if leader else contextlib.nullcontext():
         if leader:
@@ -611,15 +637,78 @@ def _from_worker(message: str) -> str:
     return message
 
 
+def _recorded_config(run_dir: Path, doing: str, fix: str) -> tuple[dict[str, Any], Path]:
+    """The config the latest checkpoint of ``run_dir`` records (what the run computes; the
+    fields a resume may change are not in it) and that checkpoint; FileNotFoundError naming
+    what is missing, and ``fix``, when there is none."""
+    from fedmtl.federated import checkpoint
+
+    folder, _ = checkpoint.resumable(run_dir) if run_dir.is_dir() else (None, None)
+    record = checkpoint.recorded_config(folder) if folder is not None else None
+    if record is None:
+        held = (
+            f"{run_dir} does not exist"
+            if not run_dir.exists()
+            else f"{run_dir} holds no config.yaml and no checkpoint"
+            if folder is None
+            else f"{run_dir} holds no config.yaml, and its checkpoint {folder.name} was written before "
+            "fedmtl recorded the run's config there"
+        )
+        raise FileNotFoundError(f"{doing} needs the run's config: {held}; {fix}")
+    return record, folder
+
+
+def _resume_config(argv: list[str]) -> list[str]:
+    """``fit --run_dir R --resume true`` without ``--config``: ``argv`` with the run's own
+    config first (``R/config.yaml``, else the one its checkpoint records), so the fields the
+    command line gives override it; any other ``argv`` as it is."""
+    if not argv or argv[0] != "fit" or any(a == "--config" or a.startswith("--config=") for a in argv):
+        return argv
+    values: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        for name in ("--resume", "--run_dir"):
+            if arg.startswith(name + "="):
+                values[name] = arg[len(name) + 1 :]
+            elif arg == name and i + 1 < len(argv):
+                values[name] = argv[i + 1]
+    if values.get("--resume", "").lower() not in ("true", "yes") or not values.get("--run_dir"):
+        return argv
+    run_dir = Path(values["--run_dir"])
+    saved = run_dir / "config.yaml"
+    if saved.is_file():
+        _check_config_files(["--config", str(saved)])  # duplicate keys, a damaged file: one line
+        if _is_leader():  # Fabric's other local ranks run this command again
+            print(f"resume: no --config given: using the run's {saved}", file=sys.stderr)
+        return ["fit", "--config", str(saved), *argv[1:]]
+    import json
+
+    record, folder = _recorded_config(
+        run_dir,
+        "fit --resume true without --config",
+        "pass it with --config (the scenario file the run was started with)",
+    )
+    if _is_leader():
+        print(
+            f"resume: no --config given and no {saved}: using the config recorded in {folder} (it holds what "
+            "the run computes; data.root and the other fields a resume may change are as given here)",
+            file=sys.stderr,
+        )
+    # jsonargparse reads a --config value that is not a file as the config itself (JSON is YAML)
+    return ["fit", f"--config={json.dumps(record)}", *argv[1:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         argv = _check_config_files(argv)
+        given = argv  # as the user wrote it: the command a stopped run prints to continue
+        argv = _resume_config(argv)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     parser = _parser()
     args = parser.parse_args(argv)
+    argv = given
     import logging
 
     from fedmtl.federated import stopping

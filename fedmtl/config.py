@@ -49,6 +49,32 @@ def _non_negative(name: str, value: float, fix: str = "") -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}{fix}")
 
 
+def read_yaml(text: str, path: Any) -> Any:
+    """The YAML document ``text`` (config file ``path``), refusing a key repeated in one mapping,
+    at any depth (a client group's too): YAML loaders keep the last one silently, so one of the
+    two values the file shows would be ignored. Raises ValueError naming the key, the file and
+    both lines; yaml.YAMLError for a syntax error."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, never repeats
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise ValueError(
+                        f"config file {path}: key {key!r} appears twice in one mapping (lines {seen[key]} and "
+                        f"{line}); YAML would keep the last silently: keep one"
+                    )
+                seen.setdefault(key, line)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The client model; every client of a run uses the same encoder architecture.

@@ -1,6 +1,6 @@
 """Run checkpoints: one folder per round, published atomically.
 
-    RUN_DIR/checkpoints/round_0007/server.pt          round, server state, history, receipts
+    RUN_DIR/checkpoints/round_0007/server.pt          round, server state, history, receipts, config
     RUN_DIR/checkpoints/round_0007/client_0003.pt     one client's state (see store.py)
     RUN_DIR/checkpoints/round_0007/client_0003.optim.pt   its optimiser state (a disk store's)
     RUN_DIR/checkpoints/round_0007/rows_r0007_client_0003.delta.f32   a row its receipt names
@@ -14,6 +14,11 @@ checkpoint; a file damaged later makes a resume fall back to the folder before i
 damaged folder is kept as ``round_0007.superseded`` when the resumed run republishes its round
 (:func:`set_aside`).
 
+``server.pt`` records the config the run computes with (:func:`recorded_config`: the
+resolved config without the fields a resume may change, so its bytes do not depend on where
+or how the run ran); a resume, ``validate`` and ``test`` compare it with the config they are
+given before they load any state, and a resume without ``--config`` can use it.
+
 Resuming never deletes or skips a checkpoint silently: if ``latest`` is missing or names a
 folder that is gone or incomplete, :func:`resumable` falls back to the newest complete round
 folder and says so; if round folders exist but none is complete, it refuses.
@@ -21,6 +26,7 @@ folder and says so; if round folders exist but none is complete, it refuses.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmtl.federated import integrity
+from fedmtl.federated import integrity, rundir
 from fedmtl.federated.store import (
     ClientState,
     atomic_save,
@@ -285,6 +291,53 @@ def _newest_complete(run_dir: str | Path) -> tuple[Path | None, str | None]:
             "resumed; nothing was changed. Start a new run with another --run_dir"
         )
     return None, None
+
+
+#: The key of ``server.pt`` that records the run's config (:func:`config_record`).
+CONFIG = "config"
+
+
+def computing(tree: Any, prefix: str = "") -> Any:
+    """A resolved config (``Namespace.as_dict()``) without the fields a resume may change
+    (``rundir.RESUMABLE_FIELDS``) and jsonargparse's bookkeeping: what the run computes."""
+    if not isinstance(tree, dict):
+        return tree
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if str(key).startswith("__") or rundir.is_resumable(name):
+            continue
+        out[str(key)] = computing(value, name)
+    return out
+
+
+def config_record(config: dict[str, Any]) -> str:
+    """What ``server.pt`` records of the resolved config ``config``: :func:`computing` as JSON
+    text, in the parser's order (as config.yaml lists it), the same on every machine and after
+    a resume."""
+    return json.dumps(computing(config), default=str)
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as :func:`recorded_config` reads a record back (tuples as lists, paths as
+    text), for ``rundir.config_changes``."""
+    return json.loads(config_record(config))
+
+
+def recorded_config(folder: Path) -> dict[str, Any] | None:
+    """The config checkpoint ``folder`` was written under (:func:`computing`); None for a
+    checkpoint written before fedmtl recorded it. Its tensors are mapped, not read."""
+    server = safe_load(folder / "server.pt", mmap=True)
+    text = server.get(CONFIG) if isinstance(server, dict) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(
+            f"{folder / 'server.pt'}: its record of the run's config is not JSON; resume from another "
+            "checkpoint or start a new run"
+        ) from None
 
 
 def load_server(folder: Path) -> dict[str, Any]:

@@ -53,9 +53,12 @@ from fedmtl.terminal import interactive
 class Simulation:
     """A federated run on one rank. Construct inside a launched Fabric, then call :meth:`fit`."""
 
-    def __init__(self, fabric: L.Fabric, cfg: RunConfig) -> None:
+    def __init__(self, fabric: L.Fabric, cfg: RunConfig, config: dict[str, Any] | None = None) -> None:
         self.fabric = fabric
         self.cfg = cfg
+        # What every checkpoint records of the resolved config (``config``: the CLI's), which a
+        # resume and ``validate`` compare with theirs before loading a state.
+        self.config_record = checkpoint.config_record(config) if config else None
         self.run_dir = Path(cfg.run_dir)
         self.ranks = Ranks(fabric)
         self.method = cfg.algorithm
@@ -268,6 +271,8 @@ class Simulation:
                     "pending": pending,
                     "drawn": drawn,
                 }
+                if self.config_record is not None:
+                    server[checkpoint.CONFIG] = self.config_record
                 checkpoint.publish(self.run_dir, number, server)
 
     def _prune_receipts(self, number: int) -> None:
@@ -402,9 +407,17 @@ def run(cfg: RunConfig, config_dict: dict[str, Any] | None = None) -> dict[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     with stopping.deferred():  # SIGTERM / SIGINT stop the run at a safe point (stopping.py)
         fabric = _launch(cfg, loggers=create_loggers(cfg.logger, run_dir, config_dict or {}))
-        stopping.watch_children(fabric)
-        fabric.seed_everything(cfg.seed, verbose=False)
-        summary = Simulation(fabric, cfg).fit()
+        stopping.watch_children(fabric, run_dir)
+        try:
+            if config_dict is not None:  # several processes or nodes: all on one config
+                Ranks(fabric).check_same_config(config_dict, cfg.devices)
+            fabric.seed_everything(cfg.seed, verbose=False)
+            summary = Simulation(fabric, cfg, config_dict).fit()
+        except RuntimeError as err:  # a collective whose peer is gone (kill -9): one line, no traceback
+            if fabric.world_size < 2 or not stopping.is_peer_lost(err):
+                raise
+            other = f"rank {1 - fabric.global_rank}" if fabric.world_size == 2 else "another rank"
+            stopping.peer_lost(f"the process of {other}", "its connection closed", run_dir)
     return summary if fabric.global_rank == 0 else None
 
 

@@ -7,7 +7,9 @@ to each), rank 0 collects them (:func:`seal`). sha256 rather than blake2b: OpenS
 uses the CPU's SHA instructions (1.07 GB/s here against 0.64 GB/s for hashlib's blake2b), and
 the standard tool verifies it. A resume or a validate hashes the folder it would read
 (:func:`newest_intact`); a folder that does not match falls back to the newest older one that
-does, and the note names the file and the skipped folder. Loaded states are checked finite
+does, and the note names the file and the skipped folder. A folder without ``SHA256SUMS``
+(an older run's, or one whose list was lost) is checked by loading each ``.pt`` file: one that
+does not load is skipped the same way. Loaded states are checked finite
 (:func:`finite`): a NaN a checksum cannot catch (the file was rewritten whole) is refused.
 
 The checks a resume or a validate makes of its inputs (the checkpoint it reads, the data it
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 from fedmtl.federated.health import all_finite, tensors_in
-from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
+from fedmtl.federated.store import atomic_write_text, safe_load  # atomic: a full disk leaves nothing
 
 CHECKSUMS = "SHA256SUMS"
 SHOWN = 3  # differences named per kind in a message
@@ -91,8 +93,8 @@ def _listed(sums: Path) -> dict[str, str] | None:
 
 def _verify(folder: Path) -> str | None:
     sums = folder / CHECKSUMS
-    if not sums.is_file():
-        return None  # a checkpoint written before fedmtl recorded checksums: nothing to compare
+    if not sums.is_file():  # written before fedmtl recorded checksums, or the list was lost
+        return _unloadable(folder)
     listed = _listed(sums)
     if listed is None:
         return f"{sums} is damaged (it is not the list of sha256 sums written with the checkpoint)"
@@ -105,6 +107,20 @@ def _verify(folder: Path) -> str | None:
     unlisted = [p.name for p in _checkpointed(folder) if p.name not in listed]
     if unlisted:
         return f"{folder / unlisted[0]} is not listed in {sums.name} (it was not written with the checkpoint)"
+    return None
+
+
+def _unloadable(folder: Path) -> str | None:
+    """A folder without ``SHA256SUMS``: the first ``.pt`` file that does not load (truncated,
+    overwritten), as a problem, so the folder is skipped like one whose checksums fail rather
+    than refused when the engine reads it; None when every file loads (tensors mapped, not
+    read). Changed bytes that still load cannot be told without the list."""
+    for path in sorted(folder.glob("*.pt")):
+        try:
+            safe_load(path, mmap=True)
+        except (ValueError, OSError) as err:
+            reason = str(err).split("; it cannot be loaded")[0].removeprefix(f"{path} ")
+            return f"{path} {reason}, and the folder has no {CHECKSUMS} to check it against"
     return None
 
 

@@ -7,6 +7,11 @@ checksums, :mod:`fedmtl.federated.integrity`) and holds finite states only, and 
 ``data.root`` is the data the run was trained on. A difference is refused, naming it, so that a
 resumed run cannot silently continue on other data.
 
+The config is compared too (:func:`check_config`): every checkpoint records the config the
+run computes with (``checkpoint.recorded_config``), so a run whose ``config.yaml`` was lost
+or edited still refuses a resume or an evaluation under another seed, other clients or another
+architecture, naming the first field that differs.
+
 The data is compared through a fingerprint a fresh fit records in ``RUN_DIR/data_fingerprint.json``
 (:func:`record_inputs`): per dataset, the split files' sha256, their image counts and the size of
 every file the loaders read, by path relative to the dataset folder, so the same data under
@@ -113,6 +118,31 @@ def data_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
         if added:
             out.append(f"{len(added):,} file(s) are read now that the run did not read: {_named(added)}")
     return out
+
+
+def check_config(folder: Path, config: dict[str, Any], doing: str, given: str) -> None:
+    """Refuse ``config`` (a resolved config, ``Namespace.as_dict()``; ``given``: where it comes
+    from, in words) when it differs from the one checkpoint ``folder`` was written under in a
+    field a resume may not change, naming the differing fields. Read before any state is
+    loaded: another client order or architecture is named here, never as a state that does not
+    fit its model. A checkpoint written before fedmtl recorded its config is not compared."""
+    recorded = checkpoint.recorded_config(folder)
+    if recorded is None:
+        return
+    changes = rundir.config_changes(recorded, checkpoint.comparable(config))
+    if not changes:
+        return
+    if doing == "resume":
+        fix = (
+            "Resume with the run's values, or start a new run with another --run_dir (a resume may change "
+            f"only: {', '.join(rundir.RESUMABLE_FIELDS)})"
+        )
+    else:
+        fix = f"Restore the run's own config.yaml, or {doing} the checkpoint with the config it was written under"
+    raise ValueError(
+        f"{doing}: {given} differs from the config checkpoint {folder} was written under (recorded in its "
+        f"server.pt) in what the run computes: {'; '.join(changes)}. {fix}; nothing was changed"
+    )
 
 
 def check_inputs(cfg: Any, resume: bool, doing: str = "resume") -> dict[str, Any]:

@@ -14,12 +14,19 @@ The process Fabric launched the other local ranks from passes its signal on to t
 ``kill PID`` reaches that process only), and once a stop is agreed it tells Lightning's
 child-process observer that the children's non-zero exit is expected: the observer would
 otherwise SIGKILL the launcher before it says how to resume.
+
+A rank that dies without a word (``kill -9``, the out-of-memory killer, a lost machine) is
+said in one line by a rank that survives it (:func:`peer_lost`): by the launcher when its
+observer sees a local rank ended by a signal, or by any rank whose next collective fails on the
+closed connection (:func:`is_peer_lost`), never as that collective's traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 import sys
 import threading
@@ -77,6 +84,7 @@ class _State:
     deferring: int = 0  # depth of deferred() blocks
     requested: int = 0  # the first signal received (0: none)
     children: list[int] = field(default_factory=list)  # local ranks this process launched
+    lost_said: threading.Lock = field(default_factory=threading.Lock)  # one line for a lost rank
     farewell: Callable[[int], str] | None = None  # the line for a second signal
 
 
@@ -165,15 +173,80 @@ class _Checked:
         return len(self.batches)  # type: ignore[arg-type]
 
 
-def watch_children(fabric: Any) -> None:
+def watch_children(fabric: Any, run_dir: Any = None) -> None:
     """Pass this process's signals on to the local ranks its Fabric launched (if any), and
-    forward a stop requested before they existed."""
+    forward a stop requested before they existed. ``run_dir``: a local rank ended by a signal
+    (``kill -9``) is said in one line (:func:`peer_lost`) before this process exits, where
+    Lightning's observer would SIGKILL it without a word."""
     launcher = getattr(fabric.strategy, "launcher", None)
-    _state.children = [p.pid for p in getattr(launcher, "procs", [])]
+    procs = list(getattr(launcher, "procs", []))
+    _state.children = [p.pid for p in procs]
     if _state.requested:
         for pid in _state.children:
             with contextlib.suppress(OSError):
                 os.kill(pid, _state.requested)
+    if run_dir is None or not procs:
+        return
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_ChildProcessObserver":
+            thread._run = functools.partial(_observe, procs, thread._run, run_dir)  # type: ignore[attr-defined]
+
+
+def _observe(procs: list[Any], observe: Callable[[], bool], run_dir: Any) -> bool:
+    """One look of Lightning's child-process observer (``observe``: its own, which SIGKILLs this
+    process without a word when a local rank exits non-zero): a rank ended by a signal is said
+    in one line, the other ranks are killed as Lightning would, and this process exits 1. A rank
+    that exited with an error of its own said why: Lightning's way."""
+    dead = [(rank, p.poll()) for rank, p in enumerate(procs, start=1)]
+    dead = [(rank, code) for rank, code in dead if code is not None and code < 0]
+    if not dead:
+        return observe()
+    for p in procs:
+        with contextlib.suppress(OSError):
+            p.kill()  # a rank waiting in a collective with the dead one would hang
+    rank, code = dead[0]
+    with contextlib.suppress(PeerFailed):
+        peer_lost(f"the process of rank {rank}", f"ended by {signal_name(-code)}", run_dir)
+    os._exit(1)
+
+
+#: How gloo and NCCL report a collective whose peer is gone (its process killed, its machine lost).
+_PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|Socket closed|remote process exited|"
+    r"communicator was aborted|ECONNRESET|EPIPE",
+    re.IGNORECASE,
+)
+
+
+def is_peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` (raised by a collective) says that another rank's process is gone."""
+    return isinstance(err, RuntimeError) and bool(_PEER_LOST.search(str(err)))
+
+
+def lost_line(who: str, how: str, run_dir: Any) -> str:
+    """The line said when ``who`` (another rank's process) ended unexpectedly (``how``): the
+    latest complete checkpoint of ``run_dir`` and how to continue from it."""
+    from fedmtl.federated import checkpoint  # here: this module is imported by every command
+
+    folder = checkpoint.latest(run_dir)
+    if folder is None:
+        with contextlib.suppress(ValueError, OSError):
+            folder, _ = checkpoint.resumable(run_dir)
+    state = (
+        f"the latest complete checkpoint is {folder.name}: continue the run with --resume true"
+        if folder is not None
+        else "no checkpoint was written: start the run again with --overwrite true"
+    )
+    return f"error: {who} ended unexpectedly ({how}: killed, out of memory, or its machine failed); {state}"
+
+
+def peer_lost(who: str, how: str, run_dir: Any) -> None:
+    """Say once, on this process's stderr, that another rank's process is gone (:func:`lost_line`),
+    and stop this rank silently (:class:`PeerFailed`)."""
+    if _state.lost_said.acquire(blocking=False):
+        with contextlib.suppress(Exception):  # nothing may keep the rank from stopping
+            print(lost_line(who, how, run_dir), file=sys.stderr, flush=True)
+    raise PeerFailed(f"{who} ended unexpectedly")
 
 
 def expect_children_exit() -> None:

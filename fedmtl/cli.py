@@ -838,7 +838,7 @@ def _stopped_line(args: Namespace, argv: list[str], signum: int, stop: Any = Non
 
 def _write_failed_line(args: Namespace, argv: list[str], err: OSError) -> str:
     """An operating-system failure (a full disk, a quota, an I/O error, a read-only disk,
-    permissions, a limit: ``store.OS_FIXES``) as one line: the file, the cause, the fix and,
+    permissions, a limit: ``files.OS_FIXES``) as one line: the file, the cause, the fix and,
     for ``fit``, what was kept and how to continue."""
     from fedmtl.files import describe_write_error, os_fix
 

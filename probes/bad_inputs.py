@@ -57,12 +57,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -150,6 +152,18 @@ def _limited(limits: dict[int, int]) -> Callable[[], None] | None:
     return lower
 
 
+def _copying(source: Any, target: Any) -> threading.Thread:
+    """A thread copying the pipe ``source`` into the file ``target`` until it closes."""
+
+    def copy() -> None:
+        for chunk in iter(lambda: source.read1(65536), b""):
+            target.write(chunk)
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_command(
     cmd: list[str],
     cwd: Path,
@@ -166,16 +180,20 @@ def run_command(
     start = time.monotonic()
     killed = None
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        # Under a file-size limit the command's own writes to a log file would be cut at the
+        # limit: its output then goes through pipes that this process copies to the logs.
+        piped = subprocess.PIPE if limits else None
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
+            stdout=piped or out,
+            stderr=piped or err,
             start_new_session=True,
             preexec_fn=_limited(limits or {}),
         )
+        copies = [_copying(proc.stdout, out), _copying(proc.stderr, err)] if limits else []
         next_mem = start
         while proc.poll() is None:
             now = time.monotonic()
@@ -193,6 +211,8 @@ def run_command(
                 break
             time.sleep(0.2)
         seconds = time.monotonic() - start
+        for copy in copies:
+            copy.join(10)
         leftovers = 0 if killed else len(_session_pids(proc.pid))
         if leftovers:
             _kill_session(proc)
@@ -926,7 +946,7 @@ def _fit_file_size_limit(sweep: Sweep, tmp: Path) -> Plan:
     return Plan(fit(sweep.config(tmp), run), limits=_fsize(256 * 1024))
 
 
-@case("fit_open_files_limit", "a fresh fit under `ulimit -n` 40", names=(("open files",),))
+@case("fit_open_files_limit", "a fresh fit under `ulimit -n` 40", "run", names=(("open files",),))
 def _fit_open_files_limit(sweep: Sweep, tmp: Path) -> Plan:
     run = tmp / "run"
     return Plan(fit(sweep.config(tmp), run), limits={resource.RLIMIT_NOFILE: 40})
@@ -963,20 +983,20 @@ def _report_replacing(option: str, name: str) -> Callable[[Sweep, Path], Plan]:
         old = tmp / name
         old.write_bytes(bytes(random.Random(1).randrange(256) for _ in range(4096)))
         argv = ["report", str(run), "--baseline", str(run), option, str(old), "--overwrite", "true"]
-        return Plan(argv, protect=[old], limits=_fsize(64))
+        return Plan(argv, protect=[old], limits=_fsize(256))
 
     return prepare
 
 
 case(
     "report_output_file_size_limit",
-    "`report --output old.md --overwrite true` under `ulimit -f` 64 bytes",
+    "`report --output old.md --overwrite true` under `ulimit -f` 256 bytes",
     names=(("old.md",), ("too large",)),
     needs_run=True,
 )(_report_replacing("--output", "old.md"))
 case(
     "report_curves_file_size_limit",
-    "`report --curves old.png --overwrite true` under `ulimit -f` 64 bytes",
+    "`report --curves old.png --overwrite true` under `ulimit -f` 256 bytes",
     names=(("old.png",), ("too large",)),
     needs_run=True,
 )(_report_replacing("--curves", "old.png"))

@@ -22,7 +22,7 @@ from PIL import Image
 
 from fedmtl.cli import _run_parser, main
 from fedmtl.data.layout import NYUDLayout, read_split
-from fedmtl.federated import checkpoint, packing
+from fedmtl.federated import checkpoint, packing, preflight
 from fedmtl.federated.integrity import CHECKSUMS, verify
 from fedmtl.federated.store import safe_load
 from tests.helpers import file_hashes, read_results, refused_keeping, tiny_config
@@ -176,10 +176,10 @@ def test_a_checkpoint_holding_nan_is_refused_even_with_a_valid_checksum(finished
 # ---------------------------------------------------------------------------- labels
 
 
-def test_a_nan_depth_label_is_one_error_at_training_and_in_data_check(tmp_path, data, capsys):
+def test_a_nan_depth_label_is_one_error_at_training_and_in_data_check(tmp_path, data, capsys, monkeypatch):
     """Before: it trained with loss nan, and data check said ok."""
     layout = NYUDLayout(data / "NYUDv2")
-    last = read_split(layout.split_file("train"))[-1]  # not the sample the start-up check reads
+    last = read_split(layout.split_file("train"))[-1]
     depth = layout.depth(last)
     np.save(depth, np.full(np.load(depth).shape, np.nan, dtype=np.float32))
     before = file_hashes(data)
@@ -191,6 +191,13 @@ def test_a_nan_depth_label_is_one_error_at_training_and_in_data_check(tmp_path, 
     assert f"first: train depth: {depth}: holds NaN/inf (1,024 of 1,024 values)" in line
 
     config = tiny_config(tmp_path, data, rounds=1)
+    code, err = _run(_fit_args(config, tmp_path / "checked"), capsys)  # fit's own content check
+    assert code == 1
+    assert err[0].startswith(f"error: NYUD-v2 train depth: {depth}: holds NaN/inf (1,024 of 1,024 values)")
+    assert not (tmp_path / "checked").exists() or not any((tmp_path / "checked").iterdir())
+
+    # A file damaged after that check (or outside its sample) is named when training reads it.
+    monkeypatch.setattr(preflight, "check_content", lambda cfg, specs: None)
     for workers in ("0", "1"):  # read in the training process, and in a DataLoader worker
         code, err = _run(_fit_args(config, tmp_path / f"run{workers}", "--data.num_workers", workers), capsys)
         assert code == 1

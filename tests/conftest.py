@@ -19,6 +19,14 @@ def data_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def data(tmp_path, data_root) -> Path:
+    """A private copy of the session's data (12 train + 4 val images per dataset, 32x32), for a
+    test to damage: the shared one must never change."""
+    shutil.copytree(data_root, tmp_path / "data")
+    return tmp_path / "data"
+
+
 @pytest.fixture(scope="module")
 def module_dir(tmp_path_factory, request) -> Iterator[Path]:
     """A folder for the runs a test module shares, removed when the module is done unless one

@@ -94,6 +94,18 @@ def file_hashes(folder: Path) -> dict[str, str]:
     }
 
 
+def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """``fedmtl ARGV`` in-process: its exit code and the non-blank stderr lines."""
+    from fedmtl.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as done:
+        code = done.code
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
 def refused_keeping(command: list[str], folder: Path, capsys, stdout: list[str] | None = None) -> list[str]:
     """``fedmtl COMMAND`` that must be refused without changing any file under ``folder``:
     asserts a non-zero exit, exactly one ``error:`` line and unchanged hashes; returns the

@@ -31,13 +31,6 @@ def _run(argv: list[str], capsys) -> tuple[int, str, list[str]]:
     return code, out, [line for line in err.splitlines() if line.strip()]
 
 
-@pytest.fixture
-def data(tmp_path, data_root) -> Path:
-    """A copy of the session's generated data (12 train + 4 val images per dataset, 32x32)."""
-    shutil.copytree(data_root, tmp_path / "data")
-    return tmp_path / "data"
-
-
 def _first(layout, split: str = "train") -> str:
     return read_split(layout.split_file(split))[0]
 

@@ -19,13 +19,6 @@ from fedmtl.data.layout import NYUDLayout, PascalContextLayout, read_split
 from tests.helpers import fit_refused, refused_keeping, tiny_config
 
 
-@pytest.fixture
-def data(tmp_path, data_root) -> Path:
-    """A copy of the session's generated data (never damage the shared one)."""
-    shutil.copytree(data_root, tmp_path / "data")
-    return tmp_path / "data"
-
-
 def _first(layout, split: str = "train") -> str:
     return read_split(layout.split_file(split))[0]
 

@@ -25,21 +25,11 @@ from fedmtl.data.layout import NYUDLayout, read_split
 from fedmtl.federated import checkpoint, packing, preflight
 from fedmtl.federated.integrity import CHECKSUMS, verify
 from fedmtl.federated.store import safe_load
-from tests.helpers import file_hashes, read_results, refused_keeping, tiny_config
+from tests.helpers import file_hashes, read_results, refused_keeping, run_cli, tiny_config
 
 
 def _fit_args(config: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["fit", "--config", str(config), "--run_dir", str(run_dir), *extra]
-
-
-def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
-    """``fedmtl ARGV`` in-process: exit code and the non-blank stderr lines."""
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as done:
-        code = done.code
-    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +47,6 @@ def finished(module_dir, data_root) -> tuple[Path, Path]:
 def run_dir(finished, tmp_path) -> Path:
     shutil.copytree(finished[1], tmp_path / "run")
     return tmp_path / "run"
-
-
-@pytest.fixture
-def data(tmp_path, data_root) -> Path:
-    """A private copy of the session's data, to damage."""
-    shutil.copytree(data_root, tmp_path / "data")
-    return tmp_path / "data"
 
 
 def _flip(path: Path, count: int = 64) -> None:
@@ -106,13 +89,13 @@ def test_a_damaged_checkpoint_file_is_named_and_validate_and_resume_fall_back(fi
         "was written (it changed on disk); falling back to round_0001, the newest intact checkpoint"
     )
 
-    code, err = _run(["validate", "--run_dir", str(run_dir)], capsys)
+    code, err = run_cli(["validate", "--run_dir", str(run_dir)], capsys)
     assert code == 0
     assert err == [f"validate: {skipped}"]
     assert read_results(run_dir)["rounds"] == 2  # the run's own results stay
     assert json.loads((run_dir / "validate_results.json").read_text())["rounds"] == 1  # round 1's model
 
-    code, err = _run(_fit_args(finished[0], run_dir, "--resume", "true"), capsys)
+    code, err = run_cli(_fit_args(finished[0], run_dir, "--resume", "true"), capsys)
     assert code == 0
     assert err[0] == f"resume: {skipped}"
     assert "resume: continuing after round 1" in err[1]
@@ -184,14 +167,14 @@ def test_a_nan_depth_label_is_one_error_at_training_and_in_data_check(tmp_path, 
     np.save(depth, np.full(np.load(depth).shape, np.nan, dtype=np.float32))
     before = file_hashes(data)
 
-    code, err = _run(["data", "check", "--root", str(data)], capsys)
+    code, err = run_cli(["data", "check", "--root", str(data)], capsys)
     assert code == 1
     (line,) = err
     assert line.startswith("error: data check found 1 problem(s)")
     assert f"first: train depth: {depth}: holds NaN/inf (1,024 of 1,024 values)" in line
 
     config = tiny_config(tmp_path, data, rounds=1)
-    code, err = _run(_fit_args(config, tmp_path / "checked"), capsys)  # fit's own content check
+    code, err = run_cli(_fit_args(config, tmp_path / "checked"), capsys)  # fit's own content check
     assert code == 1
     assert err[0].startswith(f"error: NYUD-v2 train depth: {depth}: holds NaN/inf (1,024 of 1,024 values)")
     assert not (tmp_path / "checked").exists() or not any((tmp_path / "checked").iterdir())
@@ -199,7 +182,9 @@ def test_a_nan_depth_label_is_one_error_at_training_and_in_data_check(tmp_path, 
     # A file damaged after that check (or outside its sample) is named when training reads it.
     monkeypatch.setattr(preflight, "check_content", lambda cfg, specs: None)
     for workers in ("0", "1"):  # read in the training process, and in a DataLoader worker
-        code, err = _run(_fit_args(config, tmp_path / f"run{workers}", "--data.num_workers", workers), capsys)
+        code, err = run_cli(
+            _fit_args(config, tmp_path / f"run{workers}", "--data.num_workers", workers), capsys
+        )
         assert code == 1
         assert err == [
             f"error: NYUD-v2 train depth label of image {last!r} holds NaN/inf (1,024 of 1,024 values): "
@@ -254,7 +239,7 @@ def test_the_same_data_under_another_root_resumes_and_config_yaml_records_it(tmp
     before = file_hashes(run_dir)
     saved = (run_dir / "config.yaml").read_text()
 
-    code, err = _run(_fit_args(config, run_dir, "--resume", "true", "--data.root", str(moved)), capsys)
+    code, err = run_cli(_fit_args(config, run_dir, "--resume", "true", "--data.root", str(moved)), capsys)
     assert code == 0, err
     assert err == [
         "resume: continuing after round 1 from " + str(run_dir / "checkpoints" / "round_0001"),
@@ -265,7 +250,7 @@ def test_the_same_data_under_another_root_resumes_and_config_yaml_records_it(tmp
     assert _run_parser().parse_path(str(run_dir / "config.yaml")).data.root == str(moved)
     assert (run_dir / "config.yaml").read_text() == saved.replace(str(data), str(moved))
     # validate reads config.yaml: the old root is gone, the recorded one works
-    assert _run(["validate", "--run_dir", str(run_dir)], capsys)[0] == 0
+    assert run_cli(["validate", "--run_dir", str(run_dir)], capsys)[0] == 0
 
 
 def test_validate_on_other_data_is_refused_naming_config_yaml(run_dir, data, data_root, capsys):
@@ -281,7 +266,7 @@ def test_validate_on_other_data_is_refused_naming_config_yaml(run_dir, data, dat
 def test_a_run_written_before_checksums_and_fingerprints_still_resumes(finished, run_dir, capsys):
     for path in [*run_dir.glob("checkpoints/round_*/SHA256SUMS"), run_dir / "data_fingerprint.json"]:
         path.unlink()
-    code, err = _run(_fit_args(finished[0], run_dir, "--resume", "true"), capsys)
+    code, err = run_cli(_fit_args(finished[0], run_dir, "--resume", "true"), capsys)
     assert code == 0
     assert err[0] == (
         f"resume: {run_dir} has no data_fingerprint.json (the run is older than fedmtl's data check): the "

@@ -17,19 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedmtl.cli import main
 from fedmtl.federated import checkpoint
-from tests.helpers import file_hashes, read_results, refused_keeping, tiny_config
-
-
-def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
-    """``fedmtl ARGV`` in-process: exit code and the non-blank stderr lines."""
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as done:
-        code = done.code
-    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+from tests.helpers import file_hashes, read_results, refused_keeping, run_cli, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +72,7 @@ def test_a_resume_whose_config_yaml_was_lost_refuses_another_seed(finished, run_
         "(recorded in its server.pt) in what the run computes: seed: 0 -> 1. Resume with the run's values"
     )
     # With the run's own values it resumes, restores config.yaml and ends as the run did.
-    code, err = _run(_fit(finished[0], run_dir, "--resume", "true"), capsys)
+    code, err = run_cli(_fit(finished[0], run_dir, "--resume", "true"), capsys)
     assert code == 0, err
     assert read_results(run_dir)["clients"] == read_results(finished[1])["clients"]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0
@@ -115,7 +104,7 @@ def test_validate_refuses_an_edited_seed_or_architecture(run_dir, capsys, comman
 
 def test_a_resume_without_config_uses_the_runs_config_yaml(finished, run_dir, capsys):
     """Before: ``Parser key "clients": ... required``."""
-    code, err = _run(["fit", "--run_dir", str(run_dir), "--resume", "true"], capsys)
+    code, err = run_cli(["fit", "--run_dir", str(run_dir), "--resume", "true"], capsys)
     assert code == 0, err
     assert err[0] == f"resume: no --config given: using the run's {run_dir / 'config.yaml'}"
     assert "the run finished its 2 rounds" in err[-1]
@@ -124,7 +113,7 @@ def test_a_resume_without_config_uses_the_runs_config_yaml(finished, run_dir, ca
 def test_a_resume_without_config_or_config_yaml_uses_the_checkpoints(finished, run_dir, capsys):
     (run_dir / "config.yaml").unlink()
     root = yaml.safe_load(finished[0].read_text())["data"]["root"]
-    code, err = _run(["fit", "--run_dir", str(run_dir), "--resume", "true", "--data.root", root], capsys)
+    code, err = run_cli(["fit", "--run_dir", str(run_dir), "--resume", "true", "--data.root", root], capsys)
     assert code == 0, err
     assert err[0].startswith(
         f"resume: no --config given and no {run_dir / 'config.yaml'}: using the config recorded in "
@@ -137,7 +126,7 @@ def test_a_resume_without_config_or_config_yaml_uses_the_checkpoints(finished, r
 def test_validate_without_config_yaml_uses_the_checkpoints(finished, run_dir, capsys, monkeypatch):
     (run_dir / "config.yaml").unlink()
     monkeypatch.setenv("FEDMTL_DATA", yaml.safe_load(finished[0].read_text())["data"]["root"])
-    code, err = _run(["validate", "--run_dir", str(run_dir)], capsys)
+    code, err = run_cli(["validate", "--run_dir", str(run_dir)], capsys)
     assert code == 0, err
     assert err[0] == (
         f"validate: {run_dir / 'config.yaml'} not found: using the config recorded in checkpoint "
@@ -207,7 +196,7 @@ def test_a_truncated_file_without_sha256sums_falls_back_to_the_previous_checkpoi
         if command == "resume"
         else ["validate", "--run_dir", str(run_dir)]
     )
-    code, err = _run(argv, capsys)
+    code, err = run_cli(argv, capsys)
     assert code == 0, err
     skipped = [line for line in err if "skipped" in line]
     assert len(skipped) == 1

@@ -20,7 +20,7 @@ import yaml
 from fedmtl.cli import main
 from fedmtl.federated import scoring
 from fedmtl.federated.rundir import flatten
-from tests.helpers import fit, refused_keeping, tiny_config
+from tests.helpers import fit_each, refused_keeping
 
 # Edge (the option that matters most) beside depth; no semseg, whose mIoU can be 0 after a round.
 CLIENTS = [
@@ -31,19 +31,9 @@ CLIENTS = [
 
 @pytest.fixture(scope="module")
 def runs(module_dir, data_root) -> dict[str, Path]:
-    out = {}
-    for algorithm in ("Local", "FedAvg"):
-        config = tiny_config(
-            module_dir,
-            data_root,
-            name=f"{algorithm}.yaml",
-            algorithm={"class_path": algorithm},
-            rounds=1,
-            clients=CLIENTS,
-        )
-        fit(config, module_dir / algorithm.lower())
-        out[algorithm] = module_dir / algorithm.lower()
-    return out
+    algorithms = {"local": {"class_path": "Local"}, "fedavg": {"class_path": "FedAvg"}}
+    out = fit_each(module_dir, data_root, algorithms, rounds=1, clients=CLIENTS)
+    return {"Local": out["local"], "FedAvg": out["fedavg"]}
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from tqdm.auto import tqdm
 
 from fedmtl.aggregation import communication
 from fedmtl.config import RunConfig
@@ -39,6 +38,7 @@ from fedmtl.federated import checkpoint, held_out, pools, stopping
 from fedmtl.federated import rows as row_files
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.evaluator import Evaluator
+from fedmtl.federated.live import LiveView, Quiet
 from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Receipts, RowStore
 from fedmtl.federated.results import RunRecord
@@ -81,10 +81,10 @@ class Simulation:
         part_bytes = communication.part_bytes(
             self.clients.info, encoder, decoder, head_layouts, pools.WIRE_DTYPE
         )
-        # Progress bars on a terminal (rank 0); one plain line per round in logs (CI).
-        bars = self.ranks.is_zero and interactive()
+        # The live view on a terminal (rank 0); one plain line per round in logs (CI).
+        self.live = self.ranks.is_zero and interactive()
         self.federation = Federation(
-            cfg, self.ranks, self.clients, self.method, trainer, encoder, decoder, heads, rows, bars
+            cfg, self.ranks, self.clients, self.method, trainer, encoder, decoder, heads, rows
         )
         self.evaluator = self.federation.evaluator = Evaluator(self.federation)
         self.record = self.federation.record = RunRecord(
@@ -139,28 +139,39 @@ class Simulation:
                 file=sys.stderr,
                 flush=True,
             )
-        bars = self.federation.bars
-        for number in tqdm(
-            range(first, cfg.rounds + 1), desc="rounds", initial=first - 1, total=cfg.rounds, disable=not bars
-        ):
-            values, results = Round(self.federation, number).run()
-            if results is not None:
-                history.append({"round": number, "metrics": results})
-            with self.ranks.phase(stop=False, round_=number):  # metrics.csv on a full disk stops every rank
-                self.fabric.log_dict(values, step=number)
-                if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
-                    log_heatmaps(self.fabric.loggers, self.method.log_matrices(), number)
-            if is_zero and not bars:
-                print(progress_line(number, cfg.rounds, values), file=sys.stderr, flush=True)
-            self._prune_receipts(number)
-            every = cfg.checkpoint_every
-            if number == cfg.rounds or (every > 0 and number % every == 0):
-                self._checkpoint(number)
-            if number < cfg.rounds:
-                self.ranks.agree(
-                    finished=True, round_=number
-                )  # the safe point: SIGTERM / SIGINT stop the run here
-        return self._finish(history[-1]["metrics"] if history else {})
+        live = self.federation.live = (
+            LiveView(first, cfg.rounds, self.clients.datasets_of, len(self.clients)) if self.live else Quiet()
+        )
+        try:
+            for number in range(first, cfg.rounds + 1):
+                live.round_started(number)
+                values, results = Round(self.federation, number).run()
+                if results is not None:
+                    history.append({"round": number, "metrics": results})
+                live.phase("logging")
+                with self.ranks.phase(
+                    stop=False, round_=number
+                ):  # metrics.csv on a full disk stops every rank
+                    self.fabric.log_dict(values, step=number)
+                    if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
+                        log_heatmaps(self.fabric.loggers, self.method.log_matrices(), number)
+                line = progress_line(number, cfg.rounds, values)
+                if is_zero and not self.live:
+                    print(line, file=sys.stderr, flush=True)
+                live.round_done(number, values, line)
+                self._prune_receipts(number)
+                every = cfg.checkpoint_every
+                if number == cfg.rounds or (every > 0 and number % every == 0):
+                    live.phase("checkpoint")
+                    self._checkpoint(number)
+                if number < cfg.rounds:
+                    self.ranks.agree(
+                        finished=True, round_=number
+                    )  # the safe point: SIGTERM / SIGINT stop the run here
+            live.phase("writing results.json")
+            return self._finish(history[-1]["metrics"] if history else {})
+        finally:
+            live.close()
 
     def summary(self, results: dict[str, dict[str, dict[str, float]]], rounds: int) -> dict[str, Any]:
         """The results.json content (:meth:`RunRecord.summary`)."""

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from fedmtl.aggregation import FlatLayout, HeadGroup, RoundInput, RoundOutput, communication
 from fedmtl.aggregation.stream import EncoderMix
@@ -40,6 +39,7 @@ from fedmtl.federated.client import ClientModule
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.evaluator import Evaluator
 from fedmtl.federated.health import RunStopped, nonfinite_pools
+from fedmtl.federated.live import Quiet
 from fedmtl.federated.pools import Pool, RoundPools
 from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, Receipt, RowStore
@@ -73,7 +73,8 @@ class Federation:
     decoder_layout: FlatLayout
     head_layouts: list[FlatLayout]
     rows: RowStore
-    bars: bool = False  # progress bars (rank 0 on a terminal)
+    # The live view's hooks, told as each phase starts (rank 0 on a terminal; else no-ops)
+    live: Quiet = field(default_factory=Quiet)
     # Built on the federation once it exists (Simulation.__init__)
     evaluator: Evaluator = field(init=False)
     record: RunRecord = field(init=False)
@@ -146,6 +147,7 @@ class Round:
             self.ranks.phase(round_=self.number),
         ):  # a stop or failed write ends it here
             rows, losses, bad = self.train(drawn.training, drawn.stragglers)
+        self.fed.live.phase("exchange")
         with timed(times, "exchange"):
             losses, dropped, participants = self.settle(losses, bad, drawn.training)
             inputs = self.exchange(rows, participants) if participants != [] else None
@@ -157,6 +159,7 @@ class Round:
             self.server_step(inputs, receive_nothing)
         del rows, inputs
         if self.number == self.cfg.rounds and self.method.finishes:
+            self.fed.live.phase("finish")
             with timed(times, "finish"), self.ranks.phase(round_=self.number):
                 self.finish_clients()
         values = self.training_values(losses, participants, dropped)
@@ -169,12 +172,14 @@ class Round:
         every = self.cfg.evaluation.every
         if self.number == self.cfg.rounds or (every > 0 and self.number % every == 0):
             evaluator = self.fed.evaluator
+            self.fed.live.phase("evaluation")
             with timed(times, "eval"):
                 results = evaluator.evaluate(self.evaluated_clients())
                 self.ranks.agree(
                     round_=self.number
                 )  # a stop during the evaluation: its numbers are not logged
             if self.number == self.cfg.rounds and self.clients.held_out:
+                self.fed.live.phase("held-out evaluation")
                 with timed(times, "held_out"), self.ranks.phase(round_=self.number):
                     results[held_out.LABEL] = evaluator.held_out_results()
             values |= evaluation.logged_values(results, evaluator.labels, self.clients.datasets_of)
@@ -219,12 +224,15 @@ class Round:
         bad = torch.zeros(n, 2, dtype=torch.float64)
         taking_part = set(range(n) if participants is None else participants)
         loaded = [i for i in self.clients.mine if i in taking_part or self.fed.reads_idle_clients]
-        bar = tqdm(loaded, desc=f"round {self.number} clients", leave=False, disable=not self.fed.bars)
-        work, slow = self.cfg.availability.straggler_work, set(stragglers)
-        for i in bar:
+        work, slow, live = self.cfg.availability.straggler_work, set(stragglers), self.fed.live
+        for k, i in enumerate(loaded):
+            live.training(k, len(loaded))
             share = work if i in slow else 1.0
             losses[i], mask, grown = self.train_client(i, rows, i in taking_part, share)
             bad[i] = torch.tensor([mask, grown], dtype=torch.float64)
+            if i in taking_part:
+                spec = self.clients.specs[i]
+                live.trained(spec.name, {t: float(losses[i, TASK_SLOTS[t]]) for t in spec.tasks})
         return rows, losses, bad
 
     def train_client(
@@ -416,6 +424,7 @@ class Round:
         rank's clients but ``skip`` (dropped updates, unavailable clients)."""
         fed, clients = self.fed, self.clients
         names = self.method.encoder_rows(self.number)
+        self.fed.live.phase("server step (aggregation)")
         with timed(self.times, "aggregate"), self.ranks.phase(stop=False, round_=self.number):
             encoders = fed.rows.server_rows(
                 self.number, names, len(clients), fed.encoder_layout.numel, clients.mine
@@ -424,6 +433,7 @@ class Round:
             output.check_against(inputs)
             self.check_output(output)
         # Every rank has read the rows: what no receipt needs can go.
+        self.fed.live.phase("write back (receipts)")
         with timed(self.times, "receipts"), self.ranks.phase(stop=False, round_=self.number):
             receivers = [i for i in clients.mine if i not in set(skip)]
             receipts = clients.receipts

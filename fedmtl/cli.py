@@ -411,18 +411,63 @@ def _ensure_data(cfg: Any) -> None:
             )
 
 
-def format_results(summary: dict[str, Any]) -> str:
-    """The per-client, per-task metrics of a results summary as an aligned text table."""
-    rows = [("client", "task", "metric", "value")]
-    for name, client in summary["clients"].items():
+#: Up to this many clients fit's final table lists each one's metrics; above, per dataset and
+#: task over the clients (mean [min, max], how many), each client's left to results.json.
+PER_CLIENT_UP_TO = 8
+
+
+def format_results(summary: dict[str, Any], source: str = "results.json") -> str:
+    """The final metrics of a results summary as aligned text tables: the federation's clients,
+    then the held-out clients (``summary["held_out"]``) in a section of their own. Up to
+    :data:`PER_CLIENT_UP_TO` clients a row per client and task; above, a row per dataset and
+    task over the clients, and a line saying that ``source`` holds each client's."""
+    sections = [_results_table(summary["clients"], source)]
+    held = summary.get("held_out", {}).get("clients")
+    if held:
+        sections.append(
+            f"held-out clients ({len(held)}: fine-tuned from the federated model, never in the federation):\n"
+            + _results_table(held, source)
+        )
+    return "\n\n".join(sections)
+
+
+def _results_table(clients: dict[str, Any], source: str) -> str:
+    """``{client: {"dataset", "metrics": {task: {metric: value}}}}`` as a table (see
+    :func:`format_results`); each metric with its arrow: ↑ higher is better, ↓ lower."""
+    from fedmtl.federated.live import arrow
+    from fedmtl.report import DECIMALS
+
+    def number(metric: str, value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.{DECIMALS.get(metric, 2)}f}"
+
+    values: dict[tuple[str, str, str], list[float | None]] = {}
+    for client in clients.values():
         for task, metrics in client["metrics"].items():
             for metric, value in metrics.items():
-                text = "n/a" if value is None else f"{value:.4f}" if metric == "RMSE" else f"{value:.2f}"
-                rows.append((name, task, metric, text))
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+                values.setdefault((client["dataset"], task, metric), []).append(value)
+    note = None
+    if len(clients) <= PER_CLIENT_UP_TO:
+        rows = [("client", "task", "metric", "value")]
+        for name, client in clients.items():
+            for task, metrics in client["metrics"].items():
+                for metric, value in metrics.items():
+                    rows.append((name, task, f"{metric} {arrow(task)}", number(metric, value)))
+    else:
+        rows = [("dataset", "task", "metric", "clients", "mean", "min", "max")]
+        for (dataset, task, metric), found in values.items():
+            numbers = [v for v in found if v is not None]
+            stats = [sum(numbers) / len(numbers), min(numbers), max(numbers)] if numbers else [None] * 3
+            counted = f"{len(numbers)}" + (
+                f" ({len(found) - len(numbers)} n/a)" if len(numbers) < len(found) else ""
+            )
+            rows.append(
+                (dataset, task, f"{metric} {arrow(task)}", counted, *(number(metric, v) for v in stats))
+            )
+        note = f"{len(clients)} clients: per dataset and task over them; each client's metrics: {source}"
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(lines + ([note] if note else []))
 
 
 def format_server_values(values: dict[str, float]) -> str:
@@ -566,7 +611,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
         summary = run(cfg, config_dict=cfg_ns.as_dict())
         if summary is not None:  # global rank 0
-            print(format_results(summary))
+            print(format_results(summary, str(run_dir / "results.json")))
             print(f"results: {run_dir / 'results.json'}")
             if summary.get("server"):
                 print(format_server_values(summary["server"]))
@@ -626,7 +671,7 @@ def _evaluate(args: Namespace, command: str) -> None:
             manifest.record(run_dir, cfg.rounds, cfg.devices * cfg.num_nodes)
         summary = evaluate_checkpoint(cfg, output=run_dir / f"{command}_results.json")
         if summary is not None:  # global rank 0
-            print(format_results(summary))
+            print(format_results(summary, str(run_dir / f"{command}_results.json")))
 
 
 def _from_worker(message: str) -> str:

@@ -411,15 +411,10 @@ def _ensure_data(cfg: Any) -> None:
             )
 
 
-#: Up to this many clients fit's final table lists each one's metrics; above, per dataset and
-#: task over the clients (mean [min, max], how many), each client's left to results.json.
-PER_CLIENT_UP_TO = 8
-
-
 def format_results(summary: dict[str, Any], source: str = "results.json") -> str:
     """The final metrics of a results summary as aligned text tables: the federation's clients,
     then the held-out clients (``summary["held_out"]``) in a section of their own. Up to
-    :data:`PER_CLIENT_UP_TO` clients a row per client and task; above, a row per dataset and
+    :data:`~fedmtl.federated.live.PER_CLIENT_UP_TO` clients a row per client and task; above, a row per dataset and
     task over the clients, and a line saying that ``source`` holds each client's."""
     sections = [_results_table(summary["clients"], source)]
     held = summary.get("held_out", {}).get("clients")
@@ -434,7 +429,7 @@ def format_results(summary: dict[str, Any], source: str = "results.json") -> str
 def _results_table(clients: dict[str, Any], source: str) -> str:
     """``{client: {"dataset", "metrics": {task: {metric: value}}}}`` as a table (see
     :func:`format_results`); each metric with its arrow: ↑ higher is better, ↓ lower."""
-    from fedmtl.federated.live import arrow
+    from fedmtl.federated.live import PER_CLIENT_UP_TO, arrow
     from fedmtl.report import DECIMALS
 
     def number(metric: str, value: float | None) -> str:

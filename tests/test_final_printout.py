@@ -4,7 +4,8 @@ section of their own."""
 
 from __future__ import annotations
 
-from fedmtl.cli import PER_CLIENT_UP_TO, format_results
+from fedmtl.cli import format_results
+from fedmtl.federated.live import PER_CLIENT_UP_TO
 
 
 def client(dataset: str, metrics: dict[str, dict[str, float | None]]) -> dict:

@@ -38,7 +38,7 @@ from fedmtl.federated import checkpoint, held_out, pools, stopping
 from fedmtl.federated import rows as row_files
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.evaluator import Evaluator
-from fedmtl.federated.live import LiveView, Quiet
+from fedmtl.federated.live import PER_CLIENT_UP_TO, LiveView, Quiet
 from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Receipts, RowStore
 from fedmtl.federated.results import RunRecord
@@ -337,9 +337,9 @@ def streams(aggregation: str, method: Method, num_clients: int, encoder_numel: i
     return aggregation == "streamed"
 
 
-#: Up to this many clients the round line names each one; above, it summarises each group of
-#: replicas (the clients whose names differ only in the replica number) as mean [min, max].
-PER_CLIENT_UP_TO = 8
+# Up to PER_CLIENT_UP_TO clients (live.py's, shared with the live view and fit's final table)
+# the round line names each one; above, it summarises each group of replicas (the clients whose
+# names differ only in the replica number) as mean [min, max].
 
 
 def progress_line(round_: int, rounds: int, values: dict[str, float]) -> str:

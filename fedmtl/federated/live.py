@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from tqdm.auto import tqdm
 
 #: Up to this many clients a group's value is its clients' mean alone; above, with its
-#: [min, max] and count (as ``engine.progress_line`` lists per client up to as many).
+#: [min, max] and count. ``engine.progress_line`` names each client up to as many, and fit's
+#: final table (``cli.format_results``) lists each one's metrics.
 PER_CLIENT_UP_TO = 8
 #: The most status lines a section (loss, metrics) takes: datasets beyond share the last.
 LINES_PER_SECTION = 3

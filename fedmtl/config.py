@@ -502,6 +502,9 @@ class RunConfig:
             updates stay far below the default). Above 1; null: no check.
         checkpoint_every: rounds between checkpoints; the last round always has one (0: only the
             last round).
+        checkpoint_keep: complete checkpoints kept in run_dir/checkpoints, the newest; an older
+            one is deleted only once a newer one is published. 2: a resume that finds the newest
+            damaged falls back to the one before it; 1: the least disk, and no fallback.
         store: where client state waits between rounds: memory, or disk (run_dir/store) for more
             clients than fit in memory.
         aggregation: where the server step's encoder rows live (the rows the method names, of
@@ -532,6 +535,7 @@ class RunConfig:
     nonfinite: Literal["drop", "stop"] = "drop"
     update_norm_limit: float | None = 10.0
     checkpoint_every: int = 1
+    checkpoint_keep: int = 2
     store: Literal["memory", "disk"] = "memory"
     aggregation: Literal["auto", "stacked", "streamed"] = "auto"
 
@@ -565,6 +569,12 @@ class RunConfig:
             raise ValueError(f"seed must be in [0, {MAX_SEED}] (numpy's seed range), got {self.seed!r}")
         _at_least(
             "checkpoint_every", self.checkpoint_every, 0, " (0: a checkpoint after the last round only)"
+        )
+        _at_least(
+            "checkpoint_keep",
+            self.checkpoint_keep,
+            1,
+            " (the newest checkpoint is what a resume needs; 2 keeps one to fall back on)",
         )
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(

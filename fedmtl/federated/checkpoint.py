@@ -198,8 +198,10 @@ def load_row(folder: Path, receipt_round: int, client: int, name: str, numel: in
 
 
 def publish(run_dir: str | Path, round_: int, server: dict[str, Any], keep: int = 2) -> Path:
-    """Rank 0, after every rank wrote its clients: make round ``round_`` the latest checkpoint.
-    ``keep`` 2: a checkpoint found damaged on resume falls back to the one before it."""
+    """Rank 0, after every rank wrote its clients: make round ``round_`` the latest checkpoint,
+    then delete the older round folders beyond the newest ``keep`` (``checkpoint_keep``; never a
+    newer one, a ``.superseded`` one or any other file). ``keep`` 2: a checkpoint found damaged
+    on resume falls back to the one before it."""
     root = _root(run_dir)
     staging = staging_dir(run_dir, round_)
     atomic_save(server, staging / "server.pt")

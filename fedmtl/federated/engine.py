@@ -284,7 +284,7 @@ class Simulation:
                 }
                 if self.config_record is not None:
                     server[checkpoint.CONFIG] = self.config_record
-                checkpoint.publish(self.run_dir, number, server)
+                checkpoint.publish(self.run_dir, number, server, keep=self.cfg.checkpoint_keep)
 
     def _prune_receipts(self, number: int) -> None:
         """Forget the receipts that no client of any rank holds any more, after round ``number``

@@ -44,6 +44,7 @@ RESUMABLE_FIELDS = (
     "store",
     "aggregation",  # stacked or streamed: the same parameters up to float rounding, as cpu_threads
     "checkpoint_every",
+    "checkpoint_keep",
     "nonfinite",
     "update_norm_limit",
     "evaluation",

@@ -319,11 +319,55 @@ def cast(camera: Camera, shapes: Sequence[Shape]) -> Hits:
     return Hits(depth, normal, index)
 
 
+def _shadow_keys(
+    points: FloatArray, dirs: FloatArray, unit: FloatArray, centres: FloatArray, radii: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Two keys per ray [N, 2] and two key intervals per shape [S, 2] such that a ray can
+    pass through a shape's bounding sphere only if both its keys are in the shape's
+    intervals: ``(keys, lo, hi)``.
+
+    Parallel rays (the sun): the position across them along two axes e perpendicular to them;
+    a ray within r of c has |(p - c) . e| < r. Rays that all pass within eps of one point L
+    (a lamp: points + dirs): two components of their direction w = -unit, those that spread
+    most; a ray within r of c, D = |c - L| >= 1.5 r + eps (so c is on the ray's side of L),
+    has |w - d| < asin(r / (D - eps)) + 2 eps / (D - eps), d = (c - L) / D. Any other shape,
+    or rays that share no point, get the whole range."""
+    if np.ndim(dirs) == 1:
+        e1 = np.cross(unit[0], [0.0, 1.0, 0.0])
+        if np.linalg.norm(e1) < 0.1:
+            e1 = np.cross(unit[0], [1.0, 0.0, 0.0])
+        e1 = _unit(e1)
+        axes = np.stack([e1, np.cross(unit[0], e1)], 1)  # [3, 2]
+        keys, at, half = points @ axes, centres @ axes, np.repeat(radii[:, None], 2, 1)
+    else:
+        targets = points + dirs
+        light = targets.mean(0)
+        eps = np.linalg.norm(targets - light, axis=-1).max()
+        axes = np.argsort(-unit.std(0))[:2]
+        keys = -unit[:, axes]
+        offset = centres - light
+        distance = np.linalg.norm(offset, axis=-1)
+        at = offset[:, axes] / distance[:, None]
+        far = (distance - eps >= 1.5 * radii) & (distance > 10 * eps)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = np.arcsin(np.minimum(radii / (distance - eps), 1.0)) + 2 * eps / (distance - eps)
+        half = np.repeat(np.where(far, bound, np.inf)[:, None], 2, 1)
+    finite = np.isfinite(half) & np.isfinite(at)
+    at, half = np.where(finite, at, 0.0), np.where(finite, half + 1e-6 * (1 + np.abs(at)), np.inf)
+    return keys, at - half, at + half
+
+
 def occluded(
-    points: FloatArray, dirs: FloatArray, shapes: Sequence[Shape], limit: float = np.inf
+    points: FloatArray,
+    dirs: FloatArray,
+    shapes: Sequence[Shape],
+    limit: float = np.inf,
 ) -> np.ndarray:
     """Whether the segment points + t dirs, 0 < t < limit, hits a bounded shape: shadow rays.
-    Each shape is tested only against the rays that pass through its bounding sphere."""
+    ``dirs`` is one direction [3] (parallel rays) or one per point [N, 3]. Each shape is tested
+    only against the rays that pass through its bounding sphere, looked for among the rays
+    whose keys (:func:`_shadow_keys`) are in its intervals: a slice of the rays sorted by the
+    first key, not a test of every ray against every shape (which was most of a 512x512 render)."""
     blocked = np.zeros(len(points), dtype=bool)
     bounded = [(shape, c) for shape in shapes if (c := shape.corners()) is not None]
     if not bounded or not len(points):
@@ -331,16 +375,32 @@ def occluded(
     corners = np.stack([c for _, c in bounded])  # [S, 8, 3]
     centres = corners.mean(1)
     radii = np.linalg.norm(corners - centres[:, None], axis=-1).max(1)
+    given = dirs
     dirs = np.broadcast_to(dirs, points.shape)
     length = np.linalg.norm(dirs, axis=-1)
-    v = centres[None] - points[:, None]  # [N, S, 3]
-    along = np.einsum("nsk,nk->ns", v, dirs / length[:, None])
-    near = (along > -radii) & (_dot(v, v) - along**2 < radii**2) & (along - radii < (limit * length)[:, None])
-    for (shape, _), candidates in zip(bounded, np.ascontiguousarray(near.T)):
-        test = candidates & ~blocked
-        if test.any():
-            t, _ = shape.intersect(points[test], dirs[test])
-            blocked[np.flatnonzero(test)[t < limit]] = True
+    unit = dirs / length[:, None]
+    keys, lo, hi = _shadow_keys(points, given, unit, centres, radii)
+    # Rays in the order of their first key, so that a shape's candidates are a slice (a view).
+    order = np.argsort(keys[:, 0], kind="stable")
+    first, second = keys[order, 0], np.ascontiguousarray(keys[order, 1])
+    points_s, dirs_s, unit_s, reach_s = points[order], dirs[order], unit[order], (limit * length)[order]
+    blocked_s = np.zeros(len(points), dtype=bool)
+    starts, stops = np.searchsorted(first, lo[:, 0]), np.searchsorted(first, hi[:, 0], side="right")
+    for (shape, _), c, r, start, stop, lo2, hi2 in zip(
+        bounded, centres, radii, starts, stops, lo[:, 1], hi[:, 1]
+    ):
+        window = np.s_[start:stop]
+        rays = start + np.flatnonzero((second[window] >= lo2) & (second[window] <= hi2) & ~blocked_s[window])
+        if not len(rays):
+            continue
+        v = c - points_s[rays]
+        along = _dot(v, unit_s[rays])
+        near = (along > -r) & (_dot(v, v) - along**2 < r**2) & (along - r < reach_s[rays])
+        if near.any():
+            test = rays[near]
+            t, _ = shape.intersect(points_s[test], dirs_s[test])
+            blocked_s[test[t < limit]] = True
+    blocked[order] = blocked_s
     return blocked
 
 

@@ -541,6 +541,9 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     preflight.check_scenario(cfg)
     inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
+    if leader:  # once, after every check passed (a refusal stays one line), before the run writes
+        for line in preflight.warmup_warnings(cfg):
+            print(line, file=sys.stderr)
     run_dir = Path(cfg.run_dir)
     # One writer per run directory: the leader locks it (creating it), checks it again (another
     # process may have written there meanwhile), and only then writes; held until the run ends.

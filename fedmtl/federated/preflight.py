@@ -21,6 +21,7 @@ from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
 from fedmtl.data.layout import link_problem, read_split
 from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.scenario import build_scenario
+from fedmtl.federated.training import warmup_start_epochs
 
 _LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 CONTENT_SAMPLE = 32  # images per split and dataset whose labels fit decodes before writing
@@ -71,6 +72,42 @@ def check_environment(cfg: RunConfig) -> None:
             "(torchrun --nnodes ... or srun under SLURM, see docs/performance.md); without one the run would wait "
             "forever for the other nodes. For one machine, use --num_nodes 1"
         )
+
+
+def warmup_warnings(cfg: RunConfig) -> list[str]:
+    """One ``warning:`` line per federated client group that would spend more than half of its
+    local epochs (``rounds`` x ``local_epochs``) at or below its warm-up's start rate
+    (``optimizer.warmup_lr``), i.e. would barely train: a shortened run (``--rounds 2`` on a
+    config with a warm-up) does so without any other sign. Held-out groups fine-tune at a
+    constant rate, so they are not checked; Ditto's personal track follows the same schedule
+    over the same epochs unless ``personal_epochs`` is set."""
+    lines = []
+    for g, group in enumerate(cfg.clients):
+        opt = group.optimizer
+        if group.held_out or opt.warmup_epochs == 0 or opt.warmup_lr >= opt.lr:
+            continue
+        total = cfg.rounds * group.local_epochs
+        slow = warmup_start_epochs(opt, total)
+        if 2 * slow <= total:
+            continue
+        enough = next(  # the fewest rounds that train at most half of the epochs that slowly
+            (
+                r
+                for r in range(cfg.rounds + 1, cfg.rounds + 200)
+                if 2 * warmup_start_epochs(opt, r * group.local_epochs) <= r * group.local_epochs
+            ),
+            None,
+        )
+        kind = "single-task" if group.single_task else "multi-task"
+        more = f"--rounds {enough} or more" if enough else "more rounds"
+        lines.append(
+            f"warning: clients[{g}] ({group.dataset}, {kind}): {slow} of its {total} local epochs "
+            f"({cfg.rounds} rounds x {group.local_epochs}) train at the warm-up's start rate "
+            f"{opt.warmup_lr:g} (optimizer.warmup_lr; epoch e trains at the schedule's value for e - 1), "
+            f"so it would barely train: use {more}, or no warm-up "
+            f"(--clients.{g}.optimizer.warmup_epochs 0)"
+        )
+    return lines
 
 
 def check_scenario(cfg: RunConfig) -> list[ClientSpec]:

@@ -11,6 +11,8 @@ each architecture runs at the training size.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -150,11 +152,49 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             try:
                 dataset[0]  # the first sample reads (errors name the file)
             except ValueError as err:
+                larger = _LARGER_IMAGE.search(str(err))
+                if larger and size is not None:  # the field is the problem, not the data
+                    image = (int(larger.group(1)), int(larger.group(2)))
+                    used = {s.dataset for s in specs}
+                    synth = {d: c.size for d, c in (cfg.data.synth or {}).items() if d in used and c}
+                    raise ValueError(eval_size_error(spec.dataset, size, image, synth)) from None
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
     check_content(cfg, specs)  # after the reads above, which name a missing file as "not found"
     check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
     return federated
+
+
+_LARGER_IMAGE = re.compile(r"image of (\d+)x(\d+) is larger than the evaluation size")
+
+
+def eval_size_error(
+    dataset: str, size: Sequence[int], image: tuple[int, int], synth: Mapping[str, Sequence[int]]
+) -> str:
+    """The refusal of a ``data.train_size`` smaller than ``dataset``'s validation images
+    (``image``, height x width): evaluation pads to that size but never crops (the public code
+    does not resize), so it must be at least the images' size. When ``dataset`` is synthetic
+    (``synth``: the ``data.synth`` size of each synthetic dataset the clients use), the other
+    fix is to generate every one of them at ``size``."""
+    least = [max(int(size[0]), image[0]), max(int(size[1]), image[1])]
+    text = (
+        f"data.train_size {list(size)}: {dataset}'s validation images are {image[0]}x{image[1]}, and "
+        "evaluation pads images to data.train_size but never crops them, so it must be at least "
+        f"{least}: use --data.train_size {_arg(least)}"
+    )
+    if dataset not in synth:
+        return f"{text}, or leave it unset for the dataset's own size"
+    sizes = ", ".join(f"{d} {list(v)}" for d, v in sorted(synth.items()))
+    options = " ".join(f"--data.synth.{d}.size {_arg(size)}" for d in sorted(synth))
+    return (
+        f"{text}; or, as this data is synthetic (data.synth sizes: {sizes}), generate it at that size: "
+        f"{options} with a new --data.root (data already written there is not generated again)"
+    )
+
+
+def _arg(size: Sequence[int]) -> str:
+    """A size as one command-line word: [32,32]."""
+    return f"[{int(size[0])},{int(size[1])}]"
 
 
 def check_content(cfg: RunConfig, specs: list[ClientSpec]) -> None:

@@ -581,6 +581,9 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     preflight.check_scenario(cfg)
     inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
+    if leader:  # once, after every check passed (a refusal stays one line), before the run writes
+        for line in preflight.warmup_warnings(cfg):
+            print(line, file=sys.stderr)
     run_dir = Path(cfg.run_dir)
     # One writer per run directory: the leader locks it (creating it), checks it again (another
     # process may have written there meanwhile), and only then writes; held until the run ends.
@@ -737,12 +740,65 @@ def _resume_config(argv: list[str]) -> list[str]:
     return ["fit", f"--config={json.dumps(record)}", *argv[1:]]
 
 
+_GROUP_OPTION = re.compile(r"--clients\.(\d+)\.([A-Za-z_][\w.]*)(?:=(.*))?$", re.DOTALL)
+
+
+def _client_group_options(argv: list[str]) -> list[str]:
+    """``fit``'s ``--clients.N.FIELD VALUE`` (or ``=VALUE``) options applied to group N of the
+    ``clients`` list: jsonargparse gives a list of dataclasses no index path (its
+    ``--clients.FIELD`` edits the last entry only), so the list is resolved without them (every
+    ``--config`` and ``--clients``), edited, and passed whole as a last ``--clients`` JSON, whose
+    values jsonargparse then checks. A group or field that does not exist is one line."""
+    if not argv or argv[0] != "fit" or not any(_GROUP_OPTION.match(a) for a in argv):
+        return argv
+    import json
+
+    import yaml
+
+    rest, edits, k = [], [], 1
+    while k < len(argv):
+        found = _GROUP_OPTION.match(argv[k])
+        if found is None:
+            rest.append(argv[k])
+            k += 1
+            continue
+        value = found.group(3)
+        if value is None:
+            if k + 1 >= len(argv):
+                raise ValueError(f"{argv[k]} needs a value, e.g. {argv[k]} 2")
+            value, k = argv[k + 1], k + 1
+        edits.append((found, value))
+        k += 1
+    parser = _run_parser()
+    resolved = parser.parse_args([a for a in rest if not a.startswith("--print_config")])
+    groups = [group.as_dict() for group in resolved.clients or []]
+    for found, value in edits:
+        index, path = int(found.group(1)), found.group(2)
+        option = f"--clients.{index}.{path}"
+        if index >= len(groups):
+            raise ValueError(
+                f"{option}: the config has {len(groups)} client group(s), clients.0 to "
+                f"clients.{len(groups) - 1}; use one of those indices, or add a group in the YAML file"
+            )
+        entry, keys = groups[index], path.split(".")
+        for depth, key in enumerate(keys):
+            if not isinstance(entry, dict) or key not in entry:
+                where = ".".join(keys[:depth]) or "a client group"
+                known = ", ".join(entry) if isinstance(entry, dict) else "none"
+                raise ValueError(f"{option}: {where} has no field {key!r}; its fields: {known}")
+            if depth < len(keys) - 1:
+                entry = entry[key]
+        entry[keys[-1]] = yaml.safe_load(value)  # as jsonargparse reads a value; it checks the type
+    return ["fit", *rest, f"--clients={json.dumps(groups)}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         argv = _check_config_files(argv)
         given = argv  # as the user wrote it: the command a stopped run prints to continue
         argv = _resume_config(argv)
+        argv = _client_group_options(argv)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

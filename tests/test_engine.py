@@ -48,6 +48,17 @@ def test_local_round_loop_trains_every_client_and_writes_results(tmp_path, data_
     assert {(r, "train/nyud-semseg+depth/depth_loss") for r in (1, 2, 3)} <= keys
     assert (2, "val/pascal_context-sal/sal_maxF") in keys and (3, "time/aggregate") in keys
     assert (1, "val/pascal_context-sal/sal_maxF") not in keys  # evaluated every 2 rounds and at the end
+    # The learning rate each client group trained at (issue #37 item 2): the tiny config's default
+    # schedule (5 warm-up epochs) at rounds 1 and 3; group 1 trains 2 epochs a round, its mean.
+    from fedmtl.config import OptimizerConfig
+    from fedmtl.federated.training import epoch_rates
+
+    rates = {(int(r["round"]), r["key"]): float(r["value"]) for r in rows if r["key"].startswith("lr/")}
+    one, two = epoch_rates(OptimizerConfig(), 3), epoch_rates(OptimizerConfig(), 6)
+    assert rates[(1, "lr/clients[0]")] == pytest.approx(one[0]) == pytest.approx(1.25e-7)
+    assert rates[(3, "lr/clients[0]")] == pytest.approx(one[2])
+    assert rates[(3, "lr/clients[1]")] == pytest.approx((two[4] + two[5]) / 2)
+    assert len(rates) == 6, rates
 
 
 def test_fedavg_shares_encoders_and_decoders_but_not_heads(tmp_path, data_root):

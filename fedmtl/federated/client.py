@@ -39,6 +39,7 @@ class ClientSpec:
     loss_shards: int = 1  # parts of a batch normalised on their own (ClientGroup.loss_shards)
     # A held-out client's fine-tuning epochs after the federation; None: a federated client.
     fine_tune_epochs: int | None = None
+    group: int = 0  # its client group: the index of its entry in the config's ``clients`` list
 
     @property
     def single_task(self) -> bool:

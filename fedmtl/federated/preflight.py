@@ -11,6 +11,8 @@ each architecture runs at the training size.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
 from fedmtl.data.layout import link_problem, read_split
 from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.scenario import build_scenario
+from fedmtl.federated.training import warmup_start_epochs
 
 _LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 CONTENT_SAMPLE = 32  # images per split and dataset whose labels fit decodes before writing
@@ -73,6 +76,42 @@ def check_environment(cfg: RunConfig) -> None:
         )
 
 
+def warmup_warnings(cfg: RunConfig) -> list[str]:
+    """One ``warning:`` line per federated client group that would spend more than half of its
+    local epochs (``rounds`` x ``local_epochs``) at or below its warm-up's start rate
+    (``optimizer.warmup_lr``), i.e. would barely train: a shortened run (``--rounds 2`` on a
+    config with a warm-up) does so without any other sign. Held-out groups fine-tune at a
+    constant rate, so they are not checked; Ditto's personal track follows the same schedule
+    over the same epochs unless ``personal_epochs`` is set."""
+    lines = []
+    for g, group in enumerate(cfg.clients):
+        opt = group.optimizer
+        if group.held_out or opt.warmup_epochs == 0 or opt.warmup_lr >= opt.lr:
+            continue
+        total = cfg.rounds * group.local_epochs
+        slow = warmup_start_epochs(opt, total)
+        if 2 * slow <= total:
+            continue
+        enough = next(  # the fewest rounds that train at most half of the epochs that slowly
+            (
+                r
+                for r in range(cfg.rounds + 1, cfg.rounds + 200)
+                if 2 * warmup_start_epochs(opt, r * group.local_epochs) <= r * group.local_epochs
+            ),
+            None,
+        )
+        kind = "single-task" if group.single_task else "multi-task"
+        more = f"--rounds {enough} or more" if enough else "more rounds"
+        lines.append(
+            f"warning: clients[{g}] ({group.dataset}, {kind}): {slow} of its {total} local epochs "
+            f"({cfg.rounds} rounds x {group.local_epochs}) train at the warm-up's start rate "
+            f"{opt.warmup_lr:g} (optimizer.warmup_lr; epoch e trains at the schedule's value for e - 1), "
+            f"so it would barely train: use {more}, or no warm-up "
+            f"(--clients.{g}.optimizer.warmup_epochs 0)"
+        )
+    return lines
+
+
 def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
     """The clients build (tasks, data splits, partitions, a batch for every client: see
     ``build_scenario``), every split they use is readable and not empty, and every client
@@ -113,11 +152,49 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
             try:
                 dataset[0]  # the first sample reads (errors name the file)
             except ValueError as err:
+                larger = _LARGER_IMAGE.search(str(err))
+                if larger and size is not None:  # the field is the problem, not the data
+                    image = (int(larger.group(1)), int(larger.group(2)))
+                    used = {s.dataset for s in specs}
+                    synth = {d: c.size for d, c in (cfg.data.synth or {}).items() if d in used and c}
+                    raise ValueError(eval_size_error(spec.dataset, size, image, synth)) from None
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
     check_content(cfg, specs)  # after the reads above, which name a missing file as "not found"
     check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
     return federated
+
+
+_LARGER_IMAGE = re.compile(r"image of (\d+)x(\d+) is larger than the evaluation size")
+
+
+def eval_size_error(
+    dataset: str, size: Sequence[int], image: tuple[int, int], synth: Mapping[str, Sequence[int]]
+) -> str:
+    """The refusal of a ``data.train_size`` smaller than ``dataset``'s validation images
+    (``image``, height x width): evaluation pads to that size but never crops (the public code
+    does not resize), so it must be at least the images' size. When ``dataset`` is synthetic
+    (``synth``: the ``data.synth`` size of each synthetic dataset the clients use), the other
+    fix is to generate every one of them at ``size``."""
+    least = [max(int(size[0]), image[0]), max(int(size[1]), image[1])]
+    text = (
+        f"data.train_size {list(size)}: {dataset}'s validation images are {image[0]}x{image[1]}, and "
+        "evaluation pads images to data.train_size but never crops them, so it must be at least "
+        f"{least}: use --data.train_size {_arg(least)}"
+    )
+    if dataset not in synth:
+        return f"{text}, or leave it unset for the dataset's own size"
+    sizes = ", ".join(f"{d} {list(v)}" for d, v in sorted(synth.items()))
+    options = " ".join(f"--data.synth.{d}.size {_arg(size)}" for d in sorted(synth))
+    return (
+        f"{text}; or, as this data is synthetic (data.synth sizes: {sizes}), generate it at that size: "
+        f"{options} with a new --data.root (data already written there is not generated again)"
+    )
+
+
+def _arg(size: Sequence[int]) -> str:
+    """A size as one command-line word: [32,32]."""
+    return f"[{int(size[0])},{int(size[1])}]"
 
 
 def check_content(cfg: RunConfig, specs: list[ClientSpec]) -> None:

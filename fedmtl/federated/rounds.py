@@ -35,7 +35,7 @@ from fedmtl.aggregation.stream import EncoderMix
 from fedmtl.config import RunConfig
 from fedmtl.federated import availability, checkpoint, evaluation, health, held_out, pools
 from fedmtl.federated import rows as row_files
-from fedmtl.federated.client import ClientModule
+from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.evaluator import Evaluator
 from fedmtl.federated.health import RunStopped, nonfinite_pools
@@ -45,7 +45,14 @@ from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, Receipt, RowStore
 from fedmtl.federated.results import RunRecord
 from fedmtl.federated.store import ClientState
-from fedmtl.federated.training import LOSS_COLUMNS, PENALTY_SLOT, TASK_SLOTS, TOTAL_SLOT, LocalTrainer
+from fedmtl.federated.training import (
+    LOSS_COLUMNS,
+    LR_SLOT,
+    PENALTY_SLOT,
+    TASK_SLOTS,
+    TOTAL_SLOT,
+    LocalTrainer,
+)
 from fedmtl.methods.base import ClientContext, Method
 from fedmtl.tensors import load_into, to_host
 
@@ -513,7 +520,8 @@ class Round:
     def training_values(
         self, losses: torch.Tensor, participants: list[int] | None, dropped: list[int]
     ) -> dict[str, float]:
-        """The round's training scalars: each participant's losses, the participants and the
+        """The round's training scalars: each participant's losses, each client group's
+        learning rate, the participants and the
         dropped updates."""
         values: dict[str, float] = {}
         for i, spec in enumerate(self.clients.specs):
@@ -524,7 +532,23 @@ class Round:
                 values[f"train/{spec.name}/{task}_loss"] = float(losses[i, TASK_SLOTS[task]])
             if losses[i, PENALTY_SLOT] != 0:
                 values[f"train/{spec.name}/penalty"] = float(losses[i, PENALTY_SLOT])
+        values |= group_rates(self.clients.specs, losses, participants)
         if participants is not None:
             values["server/participants"] = float(len(participants))
         values["server/dropped_updates"] = float(len(dropped))
         return values
+
+
+def group_rates(
+    specs: list[ClientSpec], losses: torch.Tensor, participants: list[int] | None
+) -> dict[str, float]:
+    """``lr/clients[g]``: the learning rate client group g trained at this round, the mean over
+    its clients that trained of each one's mean rate over its steps. A group's clients share
+    one schedule, but one that sat rounds out (availability, participation) is behind in it,
+    so they may differ; the mean says where the group is. Groups with no client training this
+    round have no value."""
+    rates: dict[int, list[float]] = {}
+    for i, spec in enumerate(specs):
+        if participants is None or i in participants:
+            rates.setdefault(spec.group, []).append(float(losses[i, LR_SLOT]))
+    return {f"lr/clients[{g}]": sum(r) / len(r) for g, r in sorted(rates.items())}

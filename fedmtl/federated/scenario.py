@@ -179,6 +179,7 @@ def build_scenario(cfg: RunConfig) -> tuple[list[ClientSpec], list[ClientSpec]]:
             train_indices=tuple(part),
             optimizer=cfg.clients[g].optimizer,
             fine_tune_epochs=_fine_tune_epochs(cfg.clients[g]),
+            group=g,
         )
         for name, (_, dataset, tasks, g), part in zip(names, entries, parts, strict=True)
     ]

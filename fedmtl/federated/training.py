@@ -34,8 +34,28 @@ from fedmtl.tasks import TASKS
 from fedmtl.tensors import host_state, load_into, parameters_of
 
 TASK_SLOTS = {name: i for i, name in enumerate(TASKS)}  # fixed columns for exchanging per-task scalars
-PENALTY_SLOT, TOTAL_SLOT = len(TASK_SLOTS), len(TASK_SLOTS) + 1
-LOSS_COLUMNS = len(TASK_SLOTS) + 2  # per task, the penalty, the total objective
+PENALTY_SLOT, TOTAL_SLOT, LR_SLOT = len(TASK_SLOTS), len(TASK_SLOTS) + 1, len(TASK_SLOTS) + 2
+LOSS_COLUMNS = len(TASK_SLOTS) + 3  # per task, the penalty, the total objective, the learning rate
+
+
+def epoch_rates(cfg: OptimizerConfig, total_epochs: int) -> list[float]:
+    """The learning rate each of a track's ``total_epochs`` epochs trains at, under the warm-up
+    cosine schedule of ``cfg``: computed by the very calls training makes (:func:`make_optimizer`,
+    :func:`end_epoch`) on a one-number parameter, so it cannot drift from what a run does."""
+    optimizer, scheduler = make_optimizer([nn.Parameter(torch.zeros(1))], cfg, total_epochs)
+    rates = []
+    for epoch in range(total_epochs):
+        rates.append(float(optimizer.param_groups[0]["lr"]))
+        if scheduler is not None:
+            end_epoch(scheduler, epoch)
+    return rates
+
+
+def warmup_start_epochs(cfg: OptimizerConfig, total_epochs: int) -> int:
+    """How many of a track's ``total_epochs`` epochs train at or below the warm-up's start
+    (``cfg.warmup_lr``): the first two always do when there is a warm-up (epoch e trains at the
+    schedule's value for e - 1, :func:`end_epoch`); a cosine whose floor lies below it adds more."""
+    return sum(rate <= cfg.warmup_lr for rate in epoch_rates(cfg, total_epochs))
 
 
 def optimizer_state_by_name(
@@ -104,8 +124,9 @@ class LocalTrainer:
         fine_tune: OptimizerConfig | None = None,
         work: float = 1.0,
     ) -> torch.Tensor:
-        """Load ``track`` into ``module``, train it, write it back; return the mean losses
-        [LOSS_COLUMNS] (per task, the penalty, the total) over the steps.
+        """Load ``track`` into ``module``, train it, write it back; return the means over the
+        steps [LOSS_COLUMNS] of the losses (per task, the penalty, the total) and of the
+        learning rate (``LR_SLOT``).
 
         Args:
             frozen: modules that do not train (out of the optimiser, ``requires_grad=False``).
@@ -144,7 +165,7 @@ class LocalTrainer:
             end_epoch(scheduler, track["epochs_done"] - 1)
         sums = torch.zeros(LOSS_COLUMNS, dtype=torch.float64, device=self.fabric.device)
         slots = [TASK_SLOTS[task] for task in spec.tasks]
-        steps = 0
+        steps, rate_sum = 0, 0.0
         fabric_optimizer = self.fabric.setup_optimizers(optimizer)
         try:
             for p in parameters_of(frozen):
@@ -173,6 +194,7 @@ class LocalTrainer:
                     # Summed on the device: reading a loss with .item() every step would stall a GPU.
                     sums[TOTAL_SLOT] += losses["total"].detach()
                     sums[slots] += torch.stack([losses[t].detach() for t in spec.tasks]).to(sums.dtype)
+                    rate_sum += optimizer.param_groups[0]["lr"]  # a Python float: no device sync
                     steps += 1
                 track["epochs_done"] = epoch + 1
                 if scheduler is not None:
@@ -187,4 +209,5 @@ class LocalTrainer:
             track["scheduler"] = scheduler.state_dict()
         elif not fine_tune:  # keep_state false: the next round starts a fresh AdamW and schedule
             track["optimizer"] = track["scheduler"] = None
+        sums[LR_SLOT] = rate_sum
         return (sums / max(steps, 1)).cpu()

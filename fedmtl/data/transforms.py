@@ -298,6 +298,18 @@ class Normalize:
         return {**sample, "image": ((sample["image"] / np.float32(255.0) - mean) / std).astype(np.float32)}
 
 
+class LargerThanEvalSize(ValueError):
+    """An evaluation image larger than the evaluation size (``image``, ``size``: height,
+    width): the caller knows which field set the size and says so."""
+
+    def __init__(self, image: tuple[int, int], size: Size) -> None:
+        self.image, self.size = image, size
+        super().__init__(
+            f"image of {image[0]}x{image[1]} is larger than the evaluation size {size[0]}x{size[1]}; "
+            "evaluation pads but never crops: pass a larger size"
+        )
+
+
 @dataclass(frozen=True)
 class PadTo:
     """Pad image (with 0, i.e. the mean colour once normalised) and labels (with 255),
@@ -313,10 +325,7 @@ class PadTo:
     def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
         height, width = sample["image"].shape[:2]
         if self.strict and (height > self.size[0] or width > self.size[1]):
-            raise ValueError(
-                f"image of {height}x{width} is larger than the evaluation size {self.size[0]}x{self.size[1]}; "
-                "evaluation pads but never crops: pass a larger size"
-            )
+            raise LargerThanEvalSize((height, width), self.size)
         if height >= self.size[0] and width >= self.size[1]:
             return sample
         out_h, out_w = max(height, self.size[0]), max(width, self.size[1])

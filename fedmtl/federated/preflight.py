@@ -11,7 +11,6 @@ each architecture runs at the training size.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fedmtl.config import RunConfig
 from fedmtl.data.check import check_hint, check_sample
 from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
 from fedmtl.data.layout import link_problem, read_split
+from fedmtl.data.transforms import LargerThanEvalSize
 from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.scenario import build_scenario
 from fedmtl.federated.training import warmup_start_epochs
@@ -151,21 +151,19 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
                 )
             try:
                 dataset[0]  # the first sample reads (errors name the file)
+            except LargerThanEvalSize as err:
+                if size is None:
+                    raise ValueError(f"{err}; {check_hint(root)}") from None
+                # data.train_size is the problem, not the data
+                used = {s.dataset for s in specs}
+                synth = {d: c.size for d, c in (cfg.data.synth or {}).items() if d in used and c}
+                raise ValueError(eval_size_error(spec.dataset, size, err.image, synth)) from None
             except ValueError as err:
-                larger = _LARGER_IMAGE.search(str(err))
-                if larger and size is not None:  # the field is the problem, not the data
-                    image = (int(larger.group(1)), int(larger.group(2)))
-                    used = {s.dataset for s in specs}
-                    synth = {d: c.size for d, c in (cfg.data.synth or {}).items() if d in used and c}
-                    raise ValueError(eval_size_error(spec.dataset, size, image, synth)) from None
                 raise ValueError(f"{err}; {check_hint(root)}") from None
         state_bytes[(spec.dataset, spec.tasks)] = _check_model(cfg, spec, img_size)
     check_content(cfg, specs)  # after the reads above, which name a missing file as "not found"
     check_memory_store(cfg, [state_bytes[(s.dataset, s.tasks)] for s in federated])
     return federated
-
-
-_LARGER_IMAGE = re.compile(r"image of (\d+)x(\d+) is larger than the evaluation size")
 
 
 def eval_size_error(

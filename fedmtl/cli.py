@@ -257,6 +257,18 @@ def _report_parser() -> ArgumentParser:
         "--output", type=str | None, default=None, help="write the table to this file, not stdout"
     )
     parser.add_argument(
+        "--caption",
+        type=str | None,
+        default=None,
+        help="the LaTeX table's \\caption, as LaTeX (default: what the columns hold and the baseline)",
+    )
+    parser.add_argument(
+        "--label",
+        type=str | None,
+        default=None,
+        help="the LaTeX table's \\label (default: tab:fedmtl-report)",
+    )
+    parser.add_argument(
         "--curves",
         type=str | None,
         default=None,
@@ -296,7 +308,7 @@ def _report(args: Namespace) -> None:
             "last: leave out --curves with --held_out true"
         )
     runs = report.build_report(args.runs, baseline=args.baseline, held_out=args.held_out)
-    text = report.render(report.compute_table(runs), fmt)
+    text = report.render(report.compute_table(runs), fmt, caption=args.caption, label=args.label)
     figure = report.draw_curves(runs) if args.curves is not None else None
     partition = report.draw_partition(runs) if args.partition is not None else None
     if args.output is None:

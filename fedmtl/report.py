@@ -64,6 +64,10 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("markdown", "csv", "latex")
+# How a paper names them; anything not here is shown as fedmtl names it.
+ALGORITHM_NAMES = {"FedHCA2": "FedHCA²", "MaTFL": "MaT-FL"}
+DATASET_NAMES = {"pascal_context": "PASCAL-Context", "nyud": "NYUD"}
+UNITS = {"mIoU": "%", "maxF": "%", "odsF": "%", "mErr": "°", "RMSE": "m"}  # fedmtl.metrics' scales
 CURVE_SUFFIXES = (".png", ".svg")
 BASELINE_ALGORITHM = "Local"
 # Decimals of a metric as `fedmtl fit` prints them (cli.format_results): RMSE is in metres.
@@ -81,6 +85,7 @@ class Column:
     task: str
     metric: str
     lower_is_better: bool
+    dataset: str = ""  # as results.json names it (pascal_context, nyud); "" : not known
 
     @property
     def key(self) -> str:
@@ -93,6 +98,15 @@ class Column:
     @property
     def csv_name(self) -> str:
         return f"{self.key}_{self.metric}"  # as metrics.csv names it after "val/"
+
+    @property
+    def unit(self) -> str:
+        return UNITS.get(self.metric, "")
+
+    @property
+    def heading(self) -> str:
+        """The lower line of a two-level header: ``semseg mIoU ↑``."""
+        return f"{self.task} {self.metric} {self.arrow}"
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,9 @@ class Run:
     cost: Cost | None = None  # None: results.json does not record it
     # What changes a metric's number (fedmtl.federated.scoring); an option not known is absent
     scoring: Mapping[str, Any] = field(default_factory=dict)
+    # config.yaml flattened (a.b: value), without the seed and the resumable fields: what tells
+    # two rows of one algorithm apart
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -169,6 +186,7 @@ class Row:
     separated: str  # yes / no / n/a / baseline
     mb_per_round: float | None = None  # mean over seeds; None: a run lacks the cost
     gb_total: float | None = None
+    runs: tuple[str, ...] = ()  # the run directories, as given
 
 
 @dataclass(frozen=True)
@@ -205,7 +223,14 @@ def load_run(path: str | Path, held_out: bool = False) -> Run:
         rounds=results["rounds"] if isinstance(results.get("rounds"), int) else None,
         cost=_cost(path, results),
         scoring=_scoring(path, config, results),
+        settings=_settings(config),
     )
+
+
+def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    from fedmtl.federated.rundir import flatten, is_resumable
+
+    return {k: v for k, v in flatten(config).items() if k != "seed" and not is_resumable(k)} if config else {}
 
 
 def _scoring(path: Path, config: Mapping[str, Any], results: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -292,7 +317,9 @@ def _columns(path: Path, clients: Mapping[str, Any]) -> tuple[Column, ...]:
             if task not in TASKS:
                 raise ValueError(f"{path / 'results.json'}: unknown task {task!r} of client {client}")
             (metric,) = info["metrics"][task]
-            columns.append(Column(client, task, metric, TASKS.get(task).lower_is_better))
+            columns.append(
+                Column(client, task, metric, TASKS.get(task).lower_is_better, str(info["dataset"]))
+            )
     return tuple(columns)
 
 
@@ -397,18 +424,60 @@ def group_runs(runs: Sequence[Run]) -> list[RunGroup]:
         seeds = [run.seed for run in same]
         if len(same) > 1 and len(set(seeds)) == len(seeds):
             ordered = sorted(same, key=lambda r: (r.seed is not None, r.seed or 0))
-            methods.append(RunGroup(same[0].algorithm, tuple(ordered)))
+            methods.append(RunGroup(display_name(same[0].algorithm), tuple(ordered)))
         else:
-            methods.extend(RunGroup(run.name, (run,)) for run in same)
+            methods.extend(RunGroup(display_name(run.algorithm), (run,)) for run in same)
     return _with_unique_labels(methods)
 
 
+def display_name(algorithm: str) -> str:
+    """The method as a paper names it (``FedHCA2`` -> ``FedHCA²``)."""
+    return ALGORITHM_NAMES.get(algorithm, algorithm)
+
+
 def _with_unique_labels(methods: list[RunGroup]) -> list[RunGroup]:
-    labels = [m.label for m in methods]
-    return [
-        m if labels.count(m.label) == 1 else RunGroup(", ".join(str(r.path) for r in m.runs), m.runs)
-        for m in methods
-    ]
+    """Rows that share a label get, after it, what tells them apart, the least that does: the
+    config fields their runs differ in (``FedAvg (lr=0.2)``), else their directory names, else
+    the directories as given."""
+    out = list(methods)
+    for label in dict.fromkeys(m.label for m in methods):
+        same = [k for k, m in enumerate(methods) if m.label == label]
+        if len(same) == 1:
+            continue
+        groups = [methods[k] for k in same]
+        suffixes = next(
+            (
+                texts
+                for texts in (
+                    _differing_settings(groups),
+                    [", ".join(r.name for r in g.runs) for g in groups],
+                )
+                if texts is not None and len(set(texts)) == len(texts)
+            ),
+            [", ".join(str(r.path) for r in g.runs) for g in groups],
+        )
+        for k, suffix in zip(same, suffixes, strict=True):
+            out[k] = RunGroup(f"{label} ({suffix})", methods[k].runs)
+    return out
+
+
+def _differing_settings(groups: Sequence[RunGroup], shown: int = 2) -> list[str] | None:
+    """Per group, the config fields (their last dotted part) in which the groups' first runs
+    differ, ``name=value``, at most ``shown`` of them (algorithm options first)."""
+    settings = [g.runs[0].settings for g in groups]
+    if not all(settings):
+        return None
+    keys = sorted(
+        {k for s in settings for k in s if len({json.dumps(s.get(k), default=str) for s in settings}) > 1},
+        key=lambda k: (not k.startswith("algorithm."), k),
+    )[:shown]
+    if not keys:
+        return None
+    return [", ".join(f"{k.rsplit('.', 1)[-1]}={_setting_text(s.get(k))}" for k in keys) for s in settings]
+
+
+def _setting_text(value: Any) -> str:
+    return "unset" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) -> RunGroup:
@@ -434,6 +503,9 @@ def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) ->
     for method in methods:
         if method.label == baseline:
             return method
+    by_algorithm = [m for m in methods if baseline in (m.algorithm, display_name(m.algorithm))]
+    if len(by_algorithm) == 1:  # FedHCA2 for FedHCA², FedAvg for FedAvg (lr=0.1) when it is the only one
+        return by_algorithm[0]
     raise ValueError(
         f"--baseline {baseline}: not a run directory of the report nor a row label (rows: {labels})"
     )
@@ -536,6 +608,7 @@ def compute_table(report: Report) -> Table:
                 separated="baseline" if method is report.baseline else separated(delta),
                 mb_per_round=cost[0],
                 gb_total=cost[1],
+                runs=tuple(str(run.path) for run in method.runs),
             )
         )
     return Table(report.columns, tuple(rows), report.baseline.label)
@@ -556,9 +629,13 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def render(table: Table, fmt: str) -> str:
-    renderers = {"markdown": render_markdown, "csv": render_csv, "latex": render_latex}
-    return renderers[check_format(fmt)](table)
+def render(table: Table, fmt: str, caption: str | None = None, label: str | None = None) -> str:
+    """The table as ``fmt`` (markdown, csv, latex); ``caption`` and ``label`` are the LaTeX
+    table's (:func:`render_latex`), unused by the other formats."""
+    check_format(fmt)
+    if fmt == "latex":
+        return render_latex(table, caption=caption, label=label)
+    return {"markdown": render_markdown, "csv": render_csv}[fmt](table)
 
 
 def _number(value: float, metric: str) -> str:
@@ -570,52 +647,143 @@ def _cell(value: Stat, metric: str, plus_minus: str) -> str:
     return text if value.std is None else f"{text}{plus_minus}{_number(value.std, metric)}"
 
 
-def _cells(table: Table, row: Row, plus_minus: str) -> list[str]:
-    metrics = [_cell(row.metrics[c.key], c.metric, plus_minus) for c in table.columns]
-    cost = ["" if v is None else f"{v:.{d}f}" for v, d in ((row.mb_per_round, 1), (row.gb_total, 2))]
-    return [str(len(row.seeds)), *metrics, _cell(row.delta_m, "Δm", plus_minus), *cost, row.separated]
+def _cost_cells(row: Row) -> list[str]:
+    return ["" if v is None else f"{v:.{d}f}" for v, d in ((row.mb_per_round, 1), (row.gb_total, 2))]
 
 
 COST_HEADERS = ("MB/round", "GB total")  # the cost cells' headers, after Δm
 
 
+def column_groups(columns: Sequence[Column]) -> list[str]:
+    """The upper line of the two-level header, per column: the dataset as a paper names it
+    (``NYUD``), or the client's name where one dataset has two clients of one task (the
+    dataset alone would not tell their columns apart)."""
+    tasks_of: dict[str, list[str]] = {}
+    for c in columns:
+        tasks_of.setdefault(c.dataset or c.client, []).append(c.task)
+    shared = {d for d, tasks in tasks_of.items() if len(set(tasks)) < len(tasks)}
+    return [c.client if (c.dataset or c.client) in shared else _dataset_name(c) for c in columns]
+
+
+def _dataset_name(column: Column) -> str:
+    return DATASET_NAMES.get(column.dataset, column.dataset) if column.dataset else column.client
+
+
+def column_labels(columns: Sequence[Column]) -> list[str]:
+    """One-line headers: ``NYUD semseg mIoU ↑`` (:func:`column_groups`, then the task, its
+    metric and which way is better)."""
+    return [f"{group} {c.heading}" for group, c in zip(column_groups(columns), columns, strict=True)]
+
+
+def best_rows(table: Table) -> dict[str, set[int]]:
+    """Per metric column (Column.key) and for Δm (``"Δm"``), the rows holding the best mean as
+    it is printed (ties all count): the highest, or the lowest for a ↓ metric."""
+    best: dict[str, set[int]] = {}
+    wanted = [(c.key, c.metric, c.lower_is_better) for c in table.columns] + [("Δm", "Δm", False)]
+    for key, metric, lower in wanted:
+        shown = [
+            float(_number((row.delta_m if key == "Δm" else row.metrics[key]).mean, metric))
+            for row in table.rows
+        ]
+        top = min(shown) if lower else max(shown)
+        best[key] = {k for k, value in enumerate(shown) if value == top}
+    return best
+
+
 def render_markdown(table: Table) -> str:
-    header = [
-        "method",
-        "seeds",
-        *(f"{c.key} {c.metric} {c.arrow}" for c in table.columns),
-        "Δm (%) ↑",
-        *COST_HEADERS,
-        "separated",
-    ]
+    header = ["method", "seeds", *column_labels(table.columns), "Δm (%) ↑", *COST_HEADERS, "separated"]
     align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---:", "---:", "---"]
-    # A label may be a path; a "|" in it would split the cell.
-    body = ([row.label.replace("|", r"\|"), *_cells(table, row, " ± ")] for row in table.rows)
+    body = (
+        [
+            row.label.replace("|", r"\|"),  # a "|" in a label would split the cell
+            str(len(row.seeds)),
+            *(_cell(row.metrics[c.key], c.metric, " ± ") for c in table.columns),
+            _cell(row.delta_m, "Δm", " ± "),
+            *_cost_cells(row),
+            row.separated,
+        ]
+        for row in table.rows
+    )
     lines = [header, align, *body]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
 
 
-def render_latex(table: Table) -> str:
-    header = [
-        "method",
-        "seeds",
-        *(f"{_latex(c.key)} {c.metric} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
+DEFAULT_LABEL = "tab:fedmtl-report"
+
+
+def default_caption(table: Table) -> str:
+    """What the LaTeX table's caption says unless ``--caption`` does (LaTeX)."""
+    seeds = sorted({len(row.seeds) for row in table.rows})
+    over = f"over {seeds[0]} seeds" if seeds != [1] and len(seeds) == 1 else "over the seeds"
+    spread = "" if seeds == [1] else rf" (mean $\pm$ standard deviation {over})"
+    return (
+        f"Per-task metrics of each method{spread} and $\\Delta_m$ (\\%) against "
+        f"{_latex(table.baseline)}; the best value of each column in bold."
+    )
+
+
+def render_latex(table: Table, caption: str | None = None, label: str | None = None) -> str:
+    """A booktabs ``table``: the caption (LaTeX, as given) and label above a two-level header,
+    dataset (or client, :func:`column_groups`) over ``task metric arrow``; the best mean of
+    each metric column and of Δm in bold (:func:`best_rows`); mean ± std over seeds. The
+    "separated" screen stays in the markdown and CSV: it is no result to print."""
+    groups = column_groups(table.columns)
+    first = 2  # method, seeds: the metric columns start at the third
+    spans: list[tuple[str, int, int]] = []  # (group, first column, last column), 1-based
+    for k, group in enumerate(groups):
+        col = first + k + 1
+        if spans and spans[-1][0] == group and spans[-1][2] == col - 1:
+            spans[-1] = (group, spans[-1][1], col)
+        else:
+            spans.append((group, col, col))
+    trailing = 3  # Δm, MB/round, GB total
+    upper = ["", ""]
+    for group, start, end in spans:
+        upper.append(rf"\multicolumn{{{end - start + 1}}}{{c}}{{{_latex(group)}}}")
+    upper += [""] * trailing
+    rules = " ".join(rf"\cmidrule(lr){{{start}-{end}}}" for _, start, end in spans)
+    lower = [
+        "Method",
+        "Seeds",
+        *(f"{_latex(c.task)} {_latex(c.metric)} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
         r"$\Delta_m$ (\%) $\uparrow$",
         *COST_HEADERS,
-        "separated",
     ]
-    body = [[_latex(row.label), *_cells(table, row, r" $\pm$ ")] for row in table.rows]
-    spec = "lr" + "r" * len(table.columns) + "rrrl"
+    best = best_rows(table)
+
+    def cell(value: Stat, metric: str, bold: bool) -> str:
+        mean = _number(value.mean, metric).replace("-", "$-$")  # a minus, not a hyphen
+        mean = rf"\textbf{{{mean}}}" if bold else mean
+        return mean if value.std is None else rf"{mean} $\pm$ {_number(value.std, metric)}"
+
+    body = [
+        [
+            _latex(row.label),
+            str(len(row.seeds)),
+            *(cell(row.metrics[c.key], c.metric, k in best[c.key]) for c in table.columns),
+            cell(row.delta_m, "Δm", k in best["Δm"]),
+            *_cost_cells(row),
+        ]
+        for k, row in enumerate(table.rows)
+    ]
+    spec = "lr" + "r" * len(table.columns) + "rrr"
     return "\n".join(
         [
-            r"% fedmtl report; needs \usepackage{booktabs}",
+            r"% fedmtl report; needs \usepackage{booktabs} in the preamble",
+            r"\begin{table}[t]",
+            r"\centering",
+            rf"\caption{{{caption if caption is not None else default_caption(table)}}}",
+            rf"\label{{{label if label is not None else DEFAULT_LABEL}}}",
             rf"\begin{{tabular}}{{{spec}}}",
             r"\toprule",
-            " & ".join(header) + r" \\",
+            " & ".join(upper) + r" \\",
+            rules,
+            " & ".join(lower) + r" \\",
             r"\midrule",
             *(" & ".join(cells) + r" \\" for cells in body),
             r"\bottomrule",
             r"\end{tabular}",
+            r"\end{table}",
             "",
         ]
     )
@@ -626,6 +794,7 @@ _LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {
     "~": r"\textasciitilde{}",
     "^": r"\^{}",
     "\\": r"\textbackslash{}",
+    "²": r"\textsuperscript{2}",  # FedHCA²: pdflatex's utf8 input does not map it everywhere
 }
 
 
@@ -634,9 +803,10 @@ def _latex(text: str) -> str:
 
 
 def render_csv(table: Table) -> str:
-    """One row per method, full precision: method, algorithm, n_seeds, seeds, delta_m,
-    delta_m_std, mb_per_round, gb_total (empty without the cost), separated, then
-    ``<client>/<task>_<metric>`` and its ``_std`` per column."""
+    """One row per method, full precision: method (the row's label, as in the markdown and
+    LaTeX), algorithm, n_seeds, seeds, delta_m, delta_m_std, mb_per_round, gb_total (empty
+    without the cost), separated, then ``<client>/<task>_<metric>`` and its ``_std`` per
+    column (the names metrics.csv uses), then runs (the run directories, space-separated)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     names = [name for c in table.columns for name in (c.csv_name, f"{c.csv_name}_std")]
@@ -652,6 +822,7 @@ def render_csv(table: Table) -> str:
             "gb_total",
             "separated",
             *names,
+            "runs",
         ]
     )
     for row in table.rows:
@@ -668,6 +839,7 @@ def render_csv(table: Table) -> str:
                 "" if row.gb_total is None else row.gb_total,
                 row.separated,
                 *("" if v is None else v for v in values),
+                " ".join(row.runs),
             ]
         )
     return out.getvalue()

@@ -858,9 +858,40 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
     curves drawn from part of it. A value that is not finite is kept as it is (the engine
     writes ``nan`` for a model that was not finite at that round) and left out of the curves."""
     file = run.path / "metrics.csv"
+    wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
+    history: dict[int, dict[str, float]] = {}
+    for round_, key, value in _metrics_rows(run):
+        if key in wanted:
+            history.setdefault(round_, {})[wanted[key]] = value
+    if run.rounds is not None and set(history.get(run.rounds, {})) != set(wanted.values()):
+        ends = f"its last evaluation is round {max(history)}" if history else "it holds no evaluation"
+        raise ValueError(
+            f"run {run.path}: {file} lacks the metrics of round {run.rounds}, the run's last ({ends}): "
+            f"the file is incomplete, {_CURVES_FIX}"
+        )
+    return history
+
+
+def read_losses(run: Run) -> dict[int, float]:
+    """The training loss of every round, the mean over the clients that trained in it (the
+    ``train/<client>/loss`` keys of metrics.csv; a value that is not finite is left out)."""
+    by_round: dict[int, list[float]] = {}
+    for round_, key, value in _metrics_rows(run):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "train" and parts[2] == "loss" and math.isfinite(value):
+            by_round.setdefault(round_, []).append(value)
+    return {r: statistics.fmean(values) for r, values in sorted(by_round.items())}
+
+
+_CURVES_FIX = "so --curves cannot draw this run; leave the run out, or leave --curves out"
+
+
+def _metrics_rows(run: Run) -> list[tuple[int, str, float]]:
+    """Every (round, key, value) of the run's metrics.csv; raises naming the line that does not read."""
+    file = run.path / "metrics.csv"
     if not file.is_file():
         raise ValueError(f"{run.path} has no metrics.csv: no curves to draw for it")
-    fix = "so --curves cannot draw this run; leave the run out, or leave --curves out"
+    fix = _CURVES_FIX
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -870,8 +901,7 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
         raise ValueError(
             f"run {run.path}: {file} is truncated: its last line, {last[:60]!r}, is incomplete, {fix}"
         )
-    wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
-    history: dict[int, dict[str, float]] = {}
+    rows = []
     reader = csv.reader(io.StringIO(text))
     for row in reader:
         if reader.line_num == 1:
@@ -888,15 +918,8 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
                 f"run {run.path}: {file} line {reader.line_num}, {shown!r}, is not round,key,value "
                 f"(a whole round number, a name and a number), {fix}"
             ) from None
-        if key in wanted:
-            history.setdefault(round_, {})[wanted[key]] = value
-    if run.rounds is not None and set(history.get(run.rounds, {})) != set(wanted.values()):
-        ends = f"its last evaluation is round {max(history)}" if history else "it holds no evaluation"
-        raise ValueError(
-            f"run {run.path}: {file} lacks the metrics of round {run.rounds}, the run's last ({ends}): "
-            f"the file is incomplete, {fix}"
-        )
-    return history
+        rows.append((round_, key, value))
+    return rows
 
 
 def metric_series(history: History, key: str) -> tuple[list[int], list[float]]:
@@ -925,54 +948,111 @@ def delta_m_series(
     return rounds, values
 
 
+def mean_band(
+    series: Sequence[tuple[Sequence[int], Sequence[float]]],
+) -> tuple[list[int], list[float], list[float] | None]:
+    """Over seeds: the rounds every seed has a value at, the mean there, and the sample
+    standard deviation (ddof = 1, as the table's ±; None with one seed)."""
+    if len(series) == 1:
+        rounds, values = series[0]
+        return list(rounds), list(values), None
+    common = sorted(set.intersection(*(set(rounds) for rounds, _ in series)))
+    at = [dict(zip(rounds, values, strict=True)) for rounds, values in series]
+    means = [statistics.fmean(seed[r] for seed in at) for r in common]
+    stds = [statistics.stdev(seed[r] for seed in at) for r in common]
+    return common, means, stds
+
+
+def _plot_band(ax, series, **style) -> None:
+    """The mean over seeds as a line and, with two seeds or more, a ± std band around it."""
+    rounds, means, stds = mean_band(series)
+    ax.plot(rounds, means, marker=".", **style)
+    if stds is not None and rounds:
+        low = [m - s for m, s in zip(means, stds, strict=True)]
+        high = [m + s for m, s in zip(means, stds, strict=True)]
+        ax.fill_between(rounds, low, high, color=style["color"], alpha=0.2, linewidth=0)
+
+
 def draw_curves(report: Report):
-    """A matplotlib Figure (Agg canvas, no pyplot): one panel per client task with every run's
-    metric over the rounds, and a panel of Δm over the rounds against the paired baseline run.
-    A method's seeds share its colour and one legend entry."""
+    """A matplotlib Figure (Agg canvas, no pyplot): a panel per client task with its metric
+    over the rounds, one of Δm over the rounds against the paired baseline run, and one of the
+    training loss (the mean over clients). Each method is its mean over seeds, a line, with a
+    band of ± the seeds' standard deviation; the baseline is dashed everywhere (its Δm is the
+    line at 0); one legend for the figure names each method once."""
+    from matplotlib.lines import Line2D
+
     columns = report.columns
-    histories = {run.path: read_history(run, columns) for m in report.methods for run in m.runs}
-    fig, metric_axes, delta_ax = _panels(len(columns))
-    colour = {m.label: f"C{i % 10}" for i, m in enumerate(report.methods)}
+    runs = [run for m in report.methods for run in m.runs]
+    histories = {run.path: read_history(run, columns) for run in runs}
+    losses = {run.path: read_losses(run) for run in runs}
+    fig, metric_axes, delta_ax, loss_ax = _panels(len(columns))
+    base = report.baseline
+
+    def style(method: RunGroup) -> dict[str, str]:
+        k = report.methods.index(method)
+        return {"color": f"C{k % 10}", "linestyle": "--" if method is base else "-"}
+
     for method in report.methods:
-        for k, run in enumerate(method.runs):
-            legend = method.label if k == 0 else None
-            for ax, column in zip(metric_axes, columns, strict=True):
-                series = metric_series(histories[run.path], column.key)
-                ax.plot(*series, color=colour[method.label], marker=".", label=legend)
-        if method is report.baseline:
-            continue
-        for k, (run, base) in enumerate(paired_runs(method, report.baseline)):
-            series = delta_m_series(histories[run.path], histories[base.path], columns)
-            delta_ax.plot(
-                *series, color=colour[method.label], marker=".", label=method.label if k == 0 else None
+        for ax, column in zip(metric_axes, columns, strict=True):
+            _plot_band(
+                ax, [metric_series(histories[r.path], column.key) for r in method.runs], **style(method)
             )
-    baseline = report.baseline.label
-    delta_ax.axhline(0.0, color=colour[baseline], linestyle="--", label=f"{baseline} (baseline)")
-    for ax, column in zip(metric_axes, columns, strict=True):
-        ax.set_title(f"{column.key} {column.metric} {column.arrow}", fontsize=9)
-    delta_ax.set_title(f"Δm (%) ↑ vs {baseline}", fontsize=9)
-    delta_ax.legend(fontsize=7)
+        loss = [(list(losses[r.path]), list(losses[r.path].values())) for r in method.runs]
+        _plot_band(loss_ax, loss, **style(method))
+        if method is not base:
+            delta = [
+                delta_m_series(histories[run.path], histories[paired.path], columns)
+                for run, paired in paired_runs(method, base)
+            ]
+            _plot_band(delta_ax, delta, **style(method))
+    delta_ax.axhline(0.0, **style(base))
+    for ax, column, label in zip(metric_axes, columns, column_labels(columns), strict=True):
+        ax.set_title(label, fontsize=9)
+        ax.set_ylabel(f"{column.metric} ({column.unit})" if column.unit else column.metric, fontsize=8)
+    delta_ax.set_title(f"Δm ↑ vs {base.label}", fontsize=9)
+    delta_ax.set_ylabel("Δm (%)", fontsize=8)
+    loss_ax.set_title("training loss (mean over clients)", fontsize=9)
+    loss_ax.set_ylabel("loss", fontsize=8)
+    if not any(losses.values()):  # runs written before metrics.csv held the loss
+        loss_ax.text(
+            0.5, 0.5, "no training loss recorded", ha="center", va="center", transform=loss_ax.transAxes
+        )
+    seeds = "mean ± std over seeds" if any(len(m.runs) > 1 for m in report.methods) else None
+    handles = [
+        Line2D([], [], marker=".", label=m.label + (" (baseline)" if m is base else ""), **style(m))
+        for m in report.methods
+    ]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=min(len(handles), 5),
+        fontsize=8,
+        title=seeds,
+        title_fontsize=8,
+    )
     return fig
 
 
 def _panels(metrics: int):
-    """A figure with ``metrics`` panels and one for Δm, three to a row, x axis in whole rounds."""
+    """A figure with ``metrics`` panels, one for Δm and one for the loss, three to a row, the
+    x axis in whole rounds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    ncols = min(3, metrics + 1)
-    nrows = math.ceil((metrics + 1) / ncols)
-    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows), layout="constrained")
+    panels = metrics + 2
+    ncols = min(3, panels)
+    nrows = math.ceil(panels / ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)  # off-screen: no display needed
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
-    for ax in axes[metrics + 1 :]:
+    for ax in axes[panels:]:
         ax.set_visible(False)
-    for ax in axes[: metrics + 1]:
+    for ax in axes[:panels]:
         ax.set_xlabel("round", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
-    return fig, axes[:metrics], axes[metrics]
+    return fig, axes[:metrics], axes[metrics], axes[metrics + 1]
 
 
 # ---------------------------------------------------------------------------- partitions

@@ -5,9 +5,11 @@ installed), curves whose every panel reads alone (artists checked, no image comp
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +138,99 @@ def test_the_latex_table_compiles(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     assert (tmp_path / "table.pdf").stat().st_size > 1000
     assert not re.search(r"^! ", done.stdout, re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------- curves
+
+ROUNDS = (1, 2, 3)
+
+
+def write_curve_run(folder: Path, algorithm: str, seed: int, offset: float) -> Path:
+    """A finished run as the engine writes it: results.json (two clients, A: PASCAL-Context
+    semseg, B: NYUD depth) and metrics.csv with each round's validation metrics and each
+    client's training loss (and keys the report does not draw: lr, a task's loss)."""
+    folder.mkdir(parents=True)
+    final = {"A": {"semseg": {"mIoU": 50.0 + offset}}, "B": {"depth": {"RMSE": 0.5 - offset / 100}}}
+    results = {
+        "rounds": ROUNDS[-1],
+        "algorithm": algorithm,
+        "seed": seed,
+        "evaluated": "post-aggregation",
+        "clients": {
+            "A": {"dataset": "pascal_context", "tasks": ["semseg"], "metrics": final["A"]},
+            "B": {"dataset": "nyud", "tasks": ["depth"], "metrics": final["B"]},
+        },
+    }
+    (folder / "results.json").write_text(json.dumps(results))
+    lines = ["round,key,value"]
+    for r in ROUNDS:
+        scale = r / ROUNDS[-1]
+        lines += [
+            f"{r},train/A/loss,{2.0 - r * 0.3 + offset / 10}",
+            f"{r},train/B/loss,{1.0 - r * 0.2}",
+            f"{r},train/B/depth_loss,{0.5}",
+            f"{r},lr/0,0.0001",
+            f"{r},val/A/semseg_mIoU,{(50.0 + offset) * scale}",
+            f"{r},val/B/depth_RMSE,{(0.5 - offset / 100) / scale}",
+        ]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture
+def curve_runs(tmp_path) -> list[Path]:
+    """Local and FedAvg with seeds 0 and 1 (FedAvg better by a seed-dependent margin), and
+    FedProx with seed 0 alone."""
+    runs = [
+        write_curve_run(tmp_path / f"{name}-s{seed}", algorithm, seed, offset)
+        for seed in (0, 1)
+        for name, algorithm, offset in (("local", "Local", 0.0), ("fedavg", "FedAvg", 2.0 + 3 * seed))
+    ]
+    return [*runs, write_curve_run(tmp_path / "fedprox-s0", "FedProx", 0, 1.0)]
+
+
+def test_curves_have_units_one_legend_a_dashed_baseline_bands_and_a_loss_panel(curve_runs):
+    from matplotlib.collections import PolyCollection
+
+    built = report.build_report(curve_runs)
+    figure = report.draw_curves(built)
+    axes = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_ylabel() for ax in axes] == ["mIoU (%)", "RMSE (m)", "Δm (%)", "loss"]
+    assert {ax.get_xlabel() for ax in axes} == {"round"}
+    assert [ax.get_title() for ax in axes] == [
+        "PASCAL-Context semseg mIoU ↑",
+        "NYUD depth RMSE ↓",
+        "Δm ↑ vs Local",
+        "training loss (mean over clients)",
+    ]
+    # One legend, the figure's, naming each method once; the baseline dashed there too
+    assert not any(ax.get_legend() for ax in axes) and len(figure.legends) == 1
+    entries = {
+        t.get_text(): h
+        for t, h in zip(figure.legends[0].texts, figure.legends[0].legend_handles, strict=True)
+    }
+    assert list(entries) == ["Local (baseline)", "FedAvg", "FedProx"]
+    assert entries["Local (baseline)"].get_linestyle() == "--" and entries["FedAvg"].get_linestyle() == "-"
+    baseline_colour = entries["Local (baseline)"].get_color()
+    for ax in axes:  # the baseline's line in every panel (Δm: the line at 0) is dashed
+        mine = [line for line in ax.get_lines() if line.get_color() == baseline_colour]
+        assert mine and {line.get_linestyle() for line in mine} == {"--"}, ax.get_title()
+    # Mean over seeds: one line per method and panel, a band for the methods with two seeds
+    for ax in axes[:2] + axes[3:]:
+        assert len(ax.get_lines()) == 3
+        assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 2  # Local, FedAvg
+    delta = axes[2]
+    assert len([c for c in delta.collections if isinstance(c, PolyCollection)]) == 1  # FedAvg
+    # FedAvg's semseg line is the mean of its seeds (offsets 2 and 5): 53.5 · r/3
+    fedavg = next(line for line in axes[0].get_lines() if line.get_color() == entries["FedAvg"].get_color())
+    assert list(fedavg.get_xdata()) == list(ROUNDS)
+    assert list(fedavg.get_ydata()) == pytest.approx([53.5 * r / 3 for r in ROUNDS])
+    # The loss panel: the mean over clients, then over seeds; Local's round 1: (1.7 + 0.8) / 2
+    local_loss = next(line for line in axes[3].get_lines() if line.get_color() == baseline_colour)
+    assert local_loss.get_ydata()[0] == pytest.approx(1.25)
+
+
+def test_mean_band_keeps_the_rounds_every_seed_has():
+    rounds, means, stds = report.mean_band([([1, 2, 3], [1.0, 2.0, 3.0]), ([1, 3], [3.0, 5.0])])
+    assert rounds == [1, 3] and means == [2.0, 4.0] and stds == pytest.approx([2**0.5, 2**0.5])
+    assert report.mean_band([([1], [1.0])]) == ([1], [1.0], None)

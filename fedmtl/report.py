@@ -19,13 +19,19 @@ run written before it did, config.yaml and data_fingerprint.json say what they c
 option neither says is not compared.
 
 Rows. Runs whose config differs only in the seed (and in where and how they ran: the fields
-a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method, labelled by
-their algorithm (``FedAvg``); a run on its own is labelled by its directory name. Without
+a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method. Without
 config.yaml, runs of the same algorithm, evaluated model and number of rounds are grouped. A
 group whose seeds are not all different (two runs of seed 0, or two of unknown seed) is not a
-set of seeds: each of its runs is a row of its own. When two rows would get the same label,
-each gets its run directories as given on the command line instead. The baseline row comes
-first, the others in command-line order.
+set of seeds: each of its runs is a row of its own. Every row is labelled by its algorithm as a
+paper names it (``FedHCA²``, :data:`ALGORITHM_NAMES`); rows that would share a label get what
+tells them apart, the least that does: the config fields they differ in (``FedAvg (lr=0.2)``),
+else their directory names, else the directories as given. The baseline row comes first, the
+others in command-line order.
+
+Columns. Each is labelled by its dataset (``NYUD``; a client's name where one dataset has two
+clients of a task), task, metric and arrow: ``NYUD semseg mIoU ↑`` (:func:`column_labels`).
+LaTeX puts the dataset on a header line of its own above ``semseg mIoU ↑`` and the best mean
+of each column in bold (:func:`render_latex`); CSV keeps machine names (:func:`render_csv`).
 
 Numbers. Each metric cell is the mean over the method's seeds ± their sample standard
 deviation (ddof = 1; one seed shows no ±). Δm (``fedmtl.metrics.delta_m``, over every task
@@ -44,6 +50,10 @@ from a checkpoint without it counts only its later rounds, so its ``GB total`` s
 least two seeds and |mean paired Δm| exceeds the standard deviation of its paired Δm across
 seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
 one seed (no spread to compare with); ``baseline`` on the baseline row.
+
+Curves. A panel per column, one of Δm against the paired baseline run and one of the
+training loss (the mean over clients); a method with several seeds is its mean in a band of ±
+their standard deviation; the baseline is dashed everywhere (:func:`draw_curves`).
 
 Outputs follow the command line's rule for user files: an existing ``--output``,
 ``--curves`` or ``--partition`` file is refused unless ``--overwrite true``. Table math (:func:`compute_table`,
@@ -164,7 +174,7 @@ class RunGroup:
 class Report:
     columns: tuple[Column, ...]
     methods: tuple[RunGroup, ...]  # the baseline first
-    baseline: RunGroup
+    baseline: RunGroup | None  # None: none was needed and none could be chosen (build_report)
 
 
 @dataclass(frozen=True)
@@ -511,9 +521,16 @@ def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) ->
     )
 
 
-def build_report(paths: Sequence[str | Path], baseline: str | None = None, held_out: bool = False) -> Report:
+def build_report(
+    paths: Sequence[str | Path],
+    baseline: str | None = None,
+    held_out: bool = False,
+    need_baseline: bool = True,
+) -> Report:
     """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them.
-    ``held_out``: the table of the runs' held-out clients instead of the federation's."""
+    ``held_out``: the table of the runs' held-out clients instead of the federation's.
+    ``need_baseline`` False: where no baseline can be chosen (no Local run, or several), the
+    report has none (enough for :func:`draw_partition`, not for a table or curves)."""
     paths = list(paths)
     if baseline is not None and Path(baseline).is_dir():
         paths.append(baseline)  # read once if it is already there
@@ -521,7 +538,12 @@ def build_report(paths: Sequence[str | Path], baseline: str | None = None, held_
         raise ValueError("no run directories to report on")
     runs = load_runs(paths, held_out)
     methods = group_runs(runs)
-    chosen = choose_baseline(methods, baseline)
+    try:
+        chosen = choose_baseline(methods, baseline)
+    except ValueError:
+        if need_baseline or baseline is not None:
+            raise
+        return Report(columns=runs[0].columns, methods=tuple(methods), baseline=None)
     ordered = (chosen, *(m for m in methods if m is not chosen))
     return Report(columns=runs[0].columns, methods=ordered, baseline=chosen)
 
@@ -592,6 +614,8 @@ def cost_cells(runs: Sequence[Run]) -> tuple[float | None, float | None]:
 
 def compute_table(report: Report) -> Table:
     """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
+    if report.baseline is None:
+        raise ValueError("no baseline: name one with --baseline RUN_DIR or --baseline LABEL")
     check_baseline_defined(report.baseline, report.columns)
     rows = []
     for method in report.methods:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedmtl import report
+from tests.helpers import run_cli
 
 S = report.Stat
 PASCAL = report.Column("pascal_context-semseg", "semseg", "mIoU", False, "pascal_context")
@@ -234,3 +235,29 @@ def test_mean_band_keeps_the_rounds_every_seed_has():
     rounds, means, stds = report.mean_band([([1, 2, 3], [1.0, 2.0, 3.0]), ([1, 3], [3.0, 5.0])])
     assert rounds == [1, 3] and means == [2.0, 4.0] and stds == pytest.approx([2**0.5, 2**0.5])
     assert report.mean_band([([1], [1.0])]) == ([1], [1.0], None)
+
+
+# ---------------------------------------------------------------------------- --partition alone
+
+
+def test_the_partition_of_one_run_needs_no_baseline(tmp_path, capsys):
+    run = tmp_path / "fedavg"
+    write_curve_run(run, "FedAvg", 0, 0.0)
+    results = json.loads((run / "results.json").read_text())
+    results["clients"]["A"]["class_histogram"] = {"person": 3, "sky": 1}
+    results["clients"]["B"]["class_histogram"] = {"wall": 2}
+    (run / "results.json").write_text(json.dumps(results))
+    figure = tmp_path / "partition.png"
+    code, errors = run_cli(["report", str(run), "--partition", str(figure)], capsys)
+    assert code == 0, errors
+    assert errors == [
+        "no table: no baseline among the runs (none is Local, or several are); add --baseline RUN_DIR for one"
+    ]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A table asked for still needs its baseline: one error line, nothing written
+    table = tmp_path / "table.md"
+    code, errors = run_cli(
+        ["report", str(run), "--partition", str(tmp_path / "p2.png"), "--output", str(table)], capsys
+    )
+    assert code != 0 and errors[-1].startswith("error: no baseline: none of the runs is Local")
+    assert not table.exists() and not (tmp_path / "p2.png").exists()

@@ -257,6 +257,18 @@ def _report_parser() -> ArgumentParser:
         "--output", type=str | None, default=None, help="write the table to this file, not stdout"
     )
     parser.add_argument(
+        "--caption",
+        type=str | None,
+        default=None,
+        help="the LaTeX table's \\caption, as LaTeX (default: what the columns hold and the baseline)",
+    )
+    parser.add_argument(
+        "--label",
+        type=str | None,
+        default=None,
+        help="the LaTeX table's \\label (default: tab:fedmtl-report)",
+    )
+    parser.add_argument(
         "--curves",
         type=str | None,
         default=None,
@@ -295,8 +307,24 @@ def _report(args: Namespace) -> None:
             "--curves draws the federation's rounds, and held-out clients are evaluated once, after the "
             "last: leave out --curves with --held_out true"
         )
-    runs = report.build_report(args.runs, baseline=args.baseline, held_out=args.held_out)
-    text = report.render(report.compute_table(runs), fmt)
+    # Asked for the partition alone, the runs need no baseline: the table is left out where
+    # none can be chosen (one run's partition, runs without Local), and printed where it can.
+    alone = args.partition is not None and all(
+        value is None for value in (args.output, args.curves, args.format, args.baseline)
+    )
+    runs = report.build_report(
+        args.runs, baseline=args.baseline, held_out=args.held_out, need_baseline=not alone
+    )
+    if runs.baseline is None:
+        report.write_figure(args.partition, report.draw_partition(runs), args.overwrite)
+        print(f"partition: {args.partition}")
+        print(
+            f"no table: no baseline among the runs (none is {report.BASELINE_ALGORITHM}, or several are); "
+            "add --baseline RUN_DIR for one",
+            file=sys.stderr,
+        )
+        return
+    text = report.render(report.compute_table(runs), fmt, caption=args.caption, label=args.label)
     figure = report.draw_curves(runs) if args.curves is not None else None
     partition = report.draw_partition(runs) if args.partition is not None else None
     if args.output is None:

@@ -19,13 +19,19 @@ run written before it did, config.yaml and data_fingerprint.json say what they c
 option neither says is not compared.
 
 Rows. Runs whose config differs only in the seed (and in where and how they ran: the fields
-a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method, labelled by
-their algorithm (``FedAvg``); a run on its own is labelled by its directory name. Without
+a resume may change, ``fedmtl.federated.rundir.RESUMABLE_FIELDS``) are one method. Without
 config.yaml, runs of the same algorithm, evaluated model and number of rounds are grouped. A
 group whose seeds are not all different (two runs of seed 0, or two of unknown seed) is not a
-set of seeds: each of its runs is a row of its own. When two rows would get the same label,
-each gets its run directories as given on the command line instead. The baseline row comes
-first, the others in command-line order.
+set of seeds: each of its runs is a row of its own. Every row is labelled by its algorithm as a
+paper names it (``FedHCA²``, :data:`ALGORITHM_NAMES`); rows that would share a label get what
+tells them apart, the least that does: the config fields they differ in (``FedAvg (lr=0.2)``),
+else their directory names, else the directories as given. The baseline row comes first, the
+others in command-line order.
+
+Columns. Each is labelled by its dataset (``NYUD``; a client's name where one dataset has two
+clients of a task), task, metric and arrow: ``NYUD semseg mIoU ↑`` (:func:`column_labels`).
+LaTeX puts the dataset on a header line of its own above ``semseg mIoU ↑`` and the best mean
+of each column in bold (:func:`render_latex`); CSV keeps machine names (:func:`render_csv`).
 
 Numbers. Each metric cell is the mean over the method's seeds ± their sample standard
 deviation (ddof = 1; one seed shows no ±). Δm (``fedmtl.metrics.delta_m``, over every task
@@ -44,6 +50,10 @@ from a checkpoint without it counts only its later rounds, so its ``GB total`` s
 least two seeds and |mean paired Δm| exceeds the standard deviation of its paired Δm across
 seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
 one seed (no spread to compare with); ``baseline`` on the baseline row.
+
+Curves. A panel per column, one of Δm against the paired baseline run and one of the
+training loss (the mean over clients); a method with several seeds is its mean in a band of ±
+their standard deviation; the baseline is dashed everywhere (:func:`draw_curves`).
 
 Outputs follow the command line's rule for user files: an existing ``--output``,
 ``--curves`` or ``--partition`` file is refused unless ``--overwrite true``. Table math (:func:`compute_table`,
@@ -64,6 +74,10 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("markdown", "csv", "latex")
+# How a paper names them; anything not here is shown as fedmtl names it.
+ALGORITHM_NAMES = {"FedHCA2": "FedHCA²", "MaTFL": "MaT-FL"}
+DATASET_NAMES = {"pascal_context": "PASCAL-Context", "nyud": "NYUD"}
+UNITS = {"mIoU": "%", "maxF": "%", "odsF": "%", "mErr": "°", "RMSE": "m"}  # fedmtl.metrics' scales
 CURVE_SUFFIXES = (".png", ".svg")
 BASELINE_ALGORITHM = "Local"
 # Decimals of a metric as `fedmtl fit` prints them (cli.format_results): RMSE is in metres.
@@ -81,6 +95,7 @@ class Column:
     task: str
     metric: str
     lower_is_better: bool
+    dataset: str = ""  # as results.json names it (pascal_context, nyud); "" : not known
 
     @property
     def key(self) -> str:
@@ -93,6 +108,15 @@ class Column:
     @property
     def csv_name(self) -> str:
         return f"{self.key}_{self.metric}"  # as metrics.csv names it after "val/"
+
+    @property
+    def unit(self) -> str:
+        return UNITS.get(self.metric, "")
+
+    @property
+    def heading(self) -> str:
+        """The lower line of a two-level header: ``semseg mIoU ↑``."""
+        return f"{self.task} {self.metric} {self.arrow}"
 
 
 @dataclass(frozen=True)
@@ -120,6 +144,9 @@ class Run:
     cost: Cost | None = None  # None: results.json does not record it
     # What changes a metric's number (fedmtl.federated.scoring); an option not known is absent
     scoring: Mapping[str, Any] = field(default_factory=dict)
+    # config.yaml flattened (a.b: value), without the seed and the resumable fields: what tells
+    # two rows of one algorithm apart
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -147,7 +174,7 @@ class RunGroup:
 class Report:
     columns: tuple[Column, ...]
     methods: tuple[RunGroup, ...]  # the baseline first
-    baseline: RunGroup
+    baseline: RunGroup | None  # None: none was needed and none could be chosen (build_report)
 
 
 @dataclass(frozen=True)
@@ -169,6 +196,7 @@ class Row:
     separated: str  # yes / no / n/a / baseline
     mb_per_round: float | None = None  # mean over seeds; None: a run lacks the cost
     gb_total: float | None = None
+    runs: tuple[str, ...] = ()  # the run directories, as given
 
 
 @dataclass(frozen=True)
@@ -205,7 +233,14 @@ def load_run(path: str | Path, held_out: bool = False) -> Run:
         rounds=results["rounds"] if isinstance(results.get("rounds"), int) else None,
         cost=_cost(path, results),
         scoring=_scoring(path, config, results),
+        settings=_settings(config),
     )
+
+
+def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    from fedmtl.federated.rundir import flatten, is_resumable
+
+    return {k: v for k, v in flatten(config).items() if k != "seed" and not is_resumable(k)} if config else {}
 
 
 def _scoring(path: Path, config: Mapping[str, Any], results: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -292,7 +327,9 @@ def _columns(path: Path, clients: Mapping[str, Any]) -> tuple[Column, ...]:
             if task not in TASKS:
                 raise ValueError(f"{path / 'results.json'}: unknown task {task!r} of client {client}")
             (metric,) = info["metrics"][task]
-            columns.append(Column(client, task, metric, TASKS.get(task).lower_is_better))
+            columns.append(
+                Column(client, task, metric, TASKS.get(task).lower_is_better, str(info["dataset"]))
+            )
     return tuple(columns)
 
 
@@ -397,18 +434,60 @@ def group_runs(runs: Sequence[Run]) -> list[RunGroup]:
         seeds = [run.seed for run in same]
         if len(same) > 1 and len(set(seeds)) == len(seeds):
             ordered = sorted(same, key=lambda r: (r.seed is not None, r.seed or 0))
-            methods.append(RunGroup(same[0].algorithm, tuple(ordered)))
+            methods.append(RunGroup(display_name(same[0].algorithm), tuple(ordered)))
         else:
-            methods.extend(RunGroup(run.name, (run,)) for run in same)
+            methods.extend(RunGroup(display_name(run.algorithm), (run,)) for run in same)
     return _with_unique_labels(methods)
 
 
+def display_name(algorithm: str) -> str:
+    """The method as a paper names it (``FedHCA2`` -> ``FedHCA²``)."""
+    return ALGORITHM_NAMES.get(algorithm, algorithm)
+
+
 def _with_unique_labels(methods: list[RunGroup]) -> list[RunGroup]:
-    labels = [m.label for m in methods]
-    return [
-        m if labels.count(m.label) == 1 else RunGroup(", ".join(str(r.path) for r in m.runs), m.runs)
-        for m in methods
-    ]
+    """Rows that share a label get, after it, what tells them apart, the least that does: the
+    config fields their runs differ in (``FedAvg (lr=0.2)``), else their directory names, else
+    the directories as given."""
+    out = list(methods)
+    for label in dict.fromkeys(m.label for m in methods):
+        same = [k for k, m in enumerate(methods) if m.label == label]
+        if len(same) == 1:
+            continue
+        groups = [methods[k] for k in same]
+        suffixes = next(
+            (
+                texts
+                for texts in (
+                    _differing_settings(groups),
+                    [", ".join(r.name for r in g.runs) for g in groups],
+                )
+                if texts is not None and len(set(texts)) == len(texts)
+            ),
+            [", ".join(str(r.path) for r in g.runs) for g in groups],
+        )
+        for k, suffix in zip(same, suffixes, strict=True):
+            out[k] = RunGroup(f"{label} ({suffix})", methods[k].runs)
+    return out
+
+
+def _differing_settings(groups: Sequence[RunGroup], shown: int = 2) -> list[str] | None:
+    """Per group, the config fields (their last dotted part) in which the groups' first runs
+    differ, ``name=value``, at most ``shown`` of them (algorithm options first)."""
+    settings = [g.runs[0].settings for g in groups]
+    if not all(settings):
+        return None
+    keys = sorted(
+        {k for s in settings for k in s if len({json.dumps(s.get(k), default=str) for s in settings}) > 1},
+        key=lambda k: (not k.startswith("algorithm."), k),
+    )[:shown]
+    if not keys:
+        return None
+    return [", ".join(f"{k.rsplit('.', 1)[-1]}={_setting_text(s.get(k))}" for k in keys) for s in settings]
+
+
+def _setting_text(value: Any) -> str:
+    return "unset" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) -> RunGroup:
@@ -434,14 +513,24 @@ def choose_baseline(methods: Sequence[RunGroup], baseline: str | None = None) ->
     for method in methods:
         if method.label == baseline:
             return method
+    by_algorithm = [m for m in methods if baseline in (m.algorithm, display_name(m.algorithm))]
+    if len(by_algorithm) == 1:  # FedHCA2 for FedHCA², FedAvg for FedAvg (lr=0.1) when it is the only one
+        return by_algorithm[0]
     raise ValueError(
         f"--baseline {baseline}: not a run directory of the report nor a row label (rows: {labels})"
     )
 
 
-def build_report(paths: Sequence[str | Path], baseline: str | None = None, held_out: bool = False) -> Report:
+def build_report(
+    paths: Sequence[str | Path],
+    baseline: str | None = None,
+    held_out: bool = False,
+    need_baseline: bool = True,
+) -> Report:
     """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them.
-    ``held_out``: the table of the runs' held-out clients instead of the federation's."""
+    ``held_out``: the table of the runs' held-out clients instead of the federation's.
+    ``need_baseline`` False: where no baseline can be chosen (no Local run, or several), the
+    report has none (enough for :func:`draw_partition`, not for a table or curves)."""
     paths = list(paths)
     if baseline is not None and Path(baseline).is_dir():
         paths.append(baseline)  # read once if it is already there
@@ -449,7 +538,12 @@ def build_report(paths: Sequence[str | Path], baseline: str | None = None, held_
         raise ValueError("no run directories to report on")
     runs = load_runs(paths, held_out)
     methods = group_runs(runs)
-    chosen = choose_baseline(methods, baseline)
+    try:
+        chosen = choose_baseline(methods, baseline)
+    except ValueError:
+        if need_baseline or baseline is not None:
+            raise
+        return Report(columns=runs[0].columns, methods=tuple(methods), baseline=None)
     ordered = (chosen, *(m for m in methods if m is not chosen))
     return Report(columns=runs[0].columns, methods=ordered, baseline=chosen)
 
@@ -520,6 +614,8 @@ def cost_cells(runs: Sequence[Run]) -> tuple[float | None, float | None]:
 
 def compute_table(report: Report) -> Table:
     """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
+    if report.baseline is None:
+        raise ValueError("no baseline: name one with --baseline RUN_DIR or --baseline LABEL")
     check_baseline_defined(report.baseline, report.columns)
     rows = []
     for method in report.methods:
@@ -536,6 +632,7 @@ def compute_table(report: Report) -> Table:
                 separated="baseline" if method is report.baseline else separated(delta),
                 mb_per_round=cost[0],
                 gb_total=cost[1],
+                runs=tuple(str(run.path) for run in method.runs),
             )
         )
     return Table(report.columns, tuple(rows), report.baseline.label)
@@ -556,9 +653,13 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def render(table: Table, fmt: str) -> str:
-    renderers = {"markdown": render_markdown, "csv": render_csv, "latex": render_latex}
-    return renderers[check_format(fmt)](table)
+def render(table: Table, fmt: str, caption: str | None = None, label: str | None = None) -> str:
+    """The table as ``fmt`` (markdown, csv, latex); ``caption`` and ``label`` are the LaTeX
+    table's (:func:`render_latex`), unused by the other formats."""
+    check_format(fmt)
+    if fmt == "latex":
+        return render_latex(table, caption=caption, label=label)
+    return {"markdown": render_markdown, "csv": render_csv}[fmt](table)
 
 
 def _number(value: float, metric: str) -> str:
@@ -570,52 +671,143 @@ def _cell(value: Stat, metric: str, plus_minus: str) -> str:
     return text if value.std is None else f"{text}{plus_minus}{_number(value.std, metric)}"
 
 
-def _cells(table: Table, row: Row, plus_minus: str) -> list[str]:
-    metrics = [_cell(row.metrics[c.key], c.metric, plus_minus) for c in table.columns]
-    cost = ["" if v is None else f"{v:.{d}f}" for v, d in ((row.mb_per_round, 1), (row.gb_total, 2))]
-    return [str(len(row.seeds)), *metrics, _cell(row.delta_m, "Δm", plus_minus), *cost, row.separated]
+def _cost_cells(row: Row) -> list[str]:
+    return ["" if v is None else f"{v:.{d}f}" for v, d in ((row.mb_per_round, 1), (row.gb_total, 2))]
 
 
 COST_HEADERS = ("MB/round", "GB total")  # the cost cells' headers, after Δm
 
 
+def column_groups(columns: Sequence[Column]) -> list[str]:
+    """The upper line of the two-level header, per column: the dataset as a paper names it
+    (``NYUD``), or the client's name where one dataset has two clients of one task (the
+    dataset alone would not tell their columns apart)."""
+    tasks_of: dict[str, list[str]] = {}
+    for c in columns:
+        tasks_of.setdefault(c.dataset or c.client, []).append(c.task)
+    shared = {d for d, tasks in tasks_of.items() if len(set(tasks)) < len(tasks)}
+    return [c.client if (c.dataset or c.client) in shared else _dataset_name(c) for c in columns]
+
+
+def _dataset_name(column: Column) -> str:
+    return DATASET_NAMES.get(column.dataset, column.dataset) if column.dataset else column.client
+
+
+def column_labels(columns: Sequence[Column]) -> list[str]:
+    """One-line headers: ``NYUD semseg mIoU ↑`` (:func:`column_groups`, then the task, its
+    metric and which way is better)."""
+    return [f"{group} {c.heading}" for group, c in zip(column_groups(columns), columns, strict=True)]
+
+
+def best_rows(table: Table) -> dict[str, set[int]]:
+    """Per metric column (Column.key) and for Δm (``"Δm"``), the rows holding the best mean as
+    it is printed (ties all count): the highest, or the lowest for a ↓ metric."""
+    best: dict[str, set[int]] = {}
+    wanted = [(c.key, c.metric, c.lower_is_better) for c in table.columns] + [("Δm", "Δm", False)]
+    for key, metric, lower in wanted:
+        shown = [
+            float(_number((row.delta_m if key == "Δm" else row.metrics[key]).mean, metric))
+            for row in table.rows
+        ]
+        top = min(shown) if lower else max(shown)
+        best[key] = {k for k, value in enumerate(shown) if value == top}
+    return best
+
+
 def render_markdown(table: Table) -> str:
-    header = [
-        "method",
-        "seeds",
-        *(f"{c.key} {c.metric} {c.arrow}" for c in table.columns),
-        "Δm (%) ↑",
-        *COST_HEADERS,
-        "separated",
-    ]
+    header = ["method", "seeds", *column_labels(table.columns), "Δm (%) ↑", *COST_HEADERS, "separated"]
     align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---:", "---:", "---"]
-    # A label may be a path; a "|" in it would split the cell.
-    body = ([row.label.replace("|", r"\|"), *_cells(table, row, " ± ")] for row in table.rows)
+    body = (
+        [
+            row.label.replace("|", r"\|"),  # a "|" in a label would split the cell
+            str(len(row.seeds)),
+            *(_cell(row.metrics[c.key], c.metric, " ± ") for c in table.columns),
+            _cell(row.delta_m, "Δm", " ± "),
+            *_cost_cells(row),
+            row.separated,
+        ]
+        for row in table.rows
+    )
     lines = [header, align, *body]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines) + "\n"
 
 
-def render_latex(table: Table) -> str:
-    header = [
-        "method",
-        "seeds",
-        *(f"{_latex(c.key)} {c.metric} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
+DEFAULT_LABEL = "tab:fedmtl-report"
+
+
+def default_caption(table: Table) -> str:
+    """What the LaTeX table's caption says unless ``--caption`` does (LaTeX)."""
+    seeds = sorted({len(row.seeds) for row in table.rows})
+    over = f"over {seeds[0]} seeds" if seeds != [1] and len(seeds) == 1 else "over the seeds"
+    spread = "" if seeds == [1] else rf" (mean $\pm$ standard deviation {over})"
+    return (
+        f"Per-task metrics of each method{spread} and $\\Delta_m$ (\\%) against "
+        f"{_latex(table.baseline)}; the best value of each column in bold."
+    )
+
+
+def render_latex(table: Table, caption: str | None = None, label: str | None = None) -> str:
+    """A booktabs ``table``: the caption (LaTeX, as given) and label above a two-level header,
+    dataset (or client, :func:`column_groups`) over ``task metric arrow``; the best mean of
+    each metric column and of Δm in bold (:func:`best_rows`); mean ± std over seeds. The
+    "separated" screen stays in the markdown and CSV: it is no result to print."""
+    groups = column_groups(table.columns)
+    first = 2  # method, seeds: the metric columns start at the third
+    spans: list[tuple[str, int, int]] = []  # (group, first column, last column), 1-based
+    for k, group in enumerate(groups):
+        col = first + k + 1
+        if spans and spans[-1][0] == group and spans[-1][2] == col - 1:
+            spans[-1] = (group, spans[-1][1], col)
+        else:
+            spans.append((group, col, col))
+    trailing = 3  # Δm, MB/round, GB total
+    upper = ["", ""]
+    for group, start, end in spans:
+        upper.append(rf"\multicolumn{{{end - start + 1}}}{{c}}{{{_latex(group)}}}")
+    upper += [""] * trailing
+    rules = " ".join(rf"\cmidrule(lr){{{start}-{end}}}" for _, start, end in spans)
+    lower = [
+        "Method",
+        "Seeds",
+        *(f"{_latex(c.task)} {_latex(c.metric)} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
         r"$\Delta_m$ (\%) $\uparrow$",
         *COST_HEADERS,
-        "separated",
     ]
-    body = [[_latex(row.label), *_cells(table, row, r" $\pm$ ")] for row in table.rows]
-    spec = "lr" + "r" * len(table.columns) + "rrrl"
+    best = best_rows(table)
+
+    def cell(value: Stat, metric: str, bold: bool) -> str:
+        mean = _number(value.mean, metric).replace("-", "$-$")  # a minus, not a hyphen
+        mean = rf"\textbf{{{mean}}}" if bold else mean
+        return mean if value.std is None else rf"{mean} $\pm$ {_number(value.std, metric)}"
+
+    body = [
+        [
+            _latex(row.label),
+            str(len(row.seeds)),
+            *(cell(row.metrics[c.key], c.metric, k in best[c.key]) for c in table.columns),
+            cell(row.delta_m, "Δm", k in best["Δm"]),
+            *_cost_cells(row),
+        ]
+        for k, row in enumerate(table.rows)
+    ]
+    spec = "lr" + "r" * len(table.columns) + "rrr"
     return "\n".join(
         [
-            r"% fedmtl report; needs \usepackage{booktabs}",
+            r"% fedmtl report; needs \usepackage{booktabs} in the preamble",
+            r"\begin{table}[t]",
+            r"\centering",
+            rf"\caption{{{caption if caption is not None else default_caption(table)}}}",
+            rf"\label{{{label if label is not None else DEFAULT_LABEL}}}",
             rf"\begin{{tabular}}{{{spec}}}",
             r"\toprule",
-            " & ".join(header) + r" \\",
+            " & ".join(upper) + r" \\",
+            rules,
+            " & ".join(lower) + r" \\",
             r"\midrule",
             *(" & ".join(cells) + r" \\" for cells in body),
             r"\bottomrule",
             r"\end{tabular}",
+            r"\end{table}",
             "",
         ]
     )
@@ -626,6 +818,7 @@ _LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {
     "~": r"\textasciitilde{}",
     "^": r"\^{}",
     "\\": r"\textbackslash{}",
+    "²": r"\textsuperscript{2}",  # FedHCA²: pdflatex's utf8 input does not map it everywhere
 }
 
 
@@ -634,9 +827,10 @@ def _latex(text: str) -> str:
 
 
 def render_csv(table: Table) -> str:
-    """One row per method, full precision: method, algorithm, n_seeds, seeds, delta_m,
-    delta_m_std, mb_per_round, gb_total (empty without the cost), separated, then
-    ``<client>/<task>_<metric>`` and its ``_std`` per column."""
+    """One row per method, full precision: method (the row's label, as in the markdown and
+    LaTeX), algorithm, n_seeds, seeds, delta_m, delta_m_std, mb_per_round, gb_total (empty
+    without the cost), separated, then ``<client>/<task>_<metric>`` and its ``_std`` per
+    column (the names metrics.csv uses), then runs (the run directories, space-separated)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     names = [name for c in table.columns for name in (c.csv_name, f"{c.csv_name}_std")]
@@ -652,6 +846,7 @@ def render_csv(table: Table) -> str:
             "gb_total",
             "separated",
             *names,
+            "runs",
         ]
     )
     for row in table.rows:
@@ -668,6 +863,7 @@ def render_csv(table: Table) -> str:
                 "" if row.gb_total is None else row.gb_total,
                 row.separated,
                 *("" if v is None else v for v in values),
+                " ".join(row.runs),
             ]
         )
     return out.getvalue()
@@ -686,9 +882,40 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
     curves drawn from part of it. A value that is not finite is kept as it is (the engine
     writes ``nan`` for a model that was not finite at that round) and left out of the curves."""
     file = run.path / "metrics.csv"
+    wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
+    history: dict[int, dict[str, float]] = {}
+    for round_, key, value in _metrics_rows(run):
+        if key in wanted:
+            history.setdefault(round_, {})[wanted[key]] = value
+    if run.rounds is not None and set(history.get(run.rounds, {})) != set(wanted.values()):
+        ends = f"its last evaluation is round {max(history)}" if history else "it holds no evaluation"
+        raise ValueError(
+            f"run {run.path}: {file} lacks the metrics of round {run.rounds}, the run's last ({ends}): "
+            f"the file is incomplete, {_CURVES_FIX}"
+        )
+    return history
+
+
+def read_losses(run: Run) -> dict[int, float]:
+    """The training loss of every round, the mean over the clients that trained in it (the
+    ``train/<client>/loss`` keys of metrics.csv; a value that is not finite is left out)."""
+    by_round: dict[int, list[float]] = {}
+    for round_, key, value in _metrics_rows(run):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "train" and parts[2] == "loss" and math.isfinite(value):
+            by_round.setdefault(round_, []).append(value)
+    return {r: statistics.fmean(values) for r, values in sorted(by_round.items())}
+
+
+_CURVES_FIX = "so --curves cannot draw this run; leave the run out, or leave --curves out"
+
+
+def _metrics_rows(run: Run) -> list[tuple[int, str, float]]:
+    """Every (round, key, value) of the run's metrics.csv; raises naming the line that does not read."""
+    file = run.path / "metrics.csv"
     if not file.is_file():
         raise ValueError(f"{run.path} has no metrics.csv: no curves to draw for it")
-    fix = "so --curves cannot draw this run; leave the run out, or leave --curves out"
+    fix = _CURVES_FIX
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -698,8 +925,7 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
         raise ValueError(
             f"run {run.path}: {file} is truncated: its last line, {last[:60]!r}, is incomplete, {fix}"
         )
-    wanted = {f"val/{c.csv_name}": c.key for c in columns}  # engine: val/<client>/<task>_<metric>
-    history: dict[int, dict[str, float]] = {}
+    rows = []
     reader = csv.reader(io.StringIO(text))
     for row in reader:
         if reader.line_num == 1:
@@ -716,15 +942,8 @@ def read_history(run: Run, columns: Sequence[Column]) -> dict[int, dict[str, flo
                 f"run {run.path}: {file} line {reader.line_num}, {shown!r}, is not round,key,value "
                 f"(a whole round number, a name and a number), {fix}"
             ) from None
-        if key in wanted:
-            history.setdefault(round_, {})[wanted[key]] = value
-    if run.rounds is not None and set(history.get(run.rounds, {})) != set(wanted.values()):
-        ends = f"its last evaluation is round {max(history)}" if history else "it holds no evaluation"
-        raise ValueError(
-            f"run {run.path}: {file} lacks the metrics of round {run.rounds}, the run's last ({ends}): "
-            f"the file is incomplete, {fix}"
-        )
-    return history
+        rows.append((round_, key, value))
+    return rows
 
 
 def metric_series(history: History, key: str) -> tuple[list[int], list[float]]:
@@ -753,54 +972,111 @@ def delta_m_series(
     return rounds, values
 
 
+def mean_band(
+    series: Sequence[tuple[Sequence[int], Sequence[float]]],
+) -> tuple[list[int], list[float], list[float] | None]:
+    """Over seeds: the rounds every seed has a value at, the mean there, and the sample
+    standard deviation (ddof = 1, as the table's ±; None with one seed)."""
+    if len(series) == 1:
+        rounds, values = series[0]
+        return list(rounds), list(values), None
+    common = sorted(set.intersection(*(set(rounds) for rounds, _ in series)))
+    at = [dict(zip(rounds, values, strict=True)) for rounds, values in series]
+    means = [statistics.fmean(seed[r] for seed in at) for r in common]
+    stds = [statistics.stdev(seed[r] for seed in at) for r in common]
+    return common, means, stds
+
+
+def _plot_band(ax, series, **style) -> None:
+    """The mean over seeds as a line and, with two seeds or more, a ± std band around it."""
+    rounds, means, stds = mean_band(series)
+    ax.plot(rounds, means, marker=".", **style)
+    if stds is not None and rounds:
+        low = [m - s for m, s in zip(means, stds, strict=True)]
+        high = [m + s for m, s in zip(means, stds, strict=True)]
+        ax.fill_between(rounds, low, high, color=style["color"], alpha=0.2, linewidth=0)
+
+
 def draw_curves(report: Report):
-    """A matplotlib Figure (Agg canvas, no pyplot): one panel per client task with every run's
-    metric over the rounds, and a panel of Δm over the rounds against the paired baseline run.
-    A method's seeds share its colour and one legend entry."""
+    """A matplotlib Figure (Agg canvas, no pyplot): a panel per client task with its metric
+    over the rounds, one of Δm over the rounds against the paired baseline run, and one of the
+    training loss (the mean over clients). Each method is its mean over seeds, a line, with a
+    band of ± the seeds' standard deviation; the baseline is dashed everywhere (its Δm is the
+    line at 0); one legend for the figure names each method once."""
+    from matplotlib.lines import Line2D
+
     columns = report.columns
-    histories = {run.path: read_history(run, columns) for m in report.methods for run in m.runs}
-    fig, metric_axes, delta_ax = _panels(len(columns))
-    colour = {m.label: f"C{i % 10}" for i, m in enumerate(report.methods)}
+    runs = [run for m in report.methods for run in m.runs]
+    histories = {run.path: read_history(run, columns) for run in runs}
+    losses = {run.path: read_losses(run) for run in runs}
+    fig, metric_axes, delta_ax, loss_ax = _panels(len(columns))
+    base = report.baseline
+
+    def style(method: RunGroup) -> dict[str, str]:
+        k = report.methods.index(method)
+        return {"color": f"C{k % 10}", "linestyle": "--" if method is base else "-"}
+
     for method in report.methods:
-        for k, run in enumerate(method.runs):
-            legend = method.label if k == 0 else None
-            for ax, column in zip(metric_axes, columns, strict=True):
-                series = metric_series(histories[run.path], column.key)
-                ax.plot(*series, color=colour[method.label], marker=".", label=legend)
-        if method is report.baseline:
-            continue
-        for k, (run, base) in enumerate(paired_runs(method, report.baseline)):
-            series = delta_m_series(histories[run.path], histories[base.path], columns)
-            delta_ax.plot(
-                *series, color=colour[method.label], marker=".", label=method.label if k == 0 else None
+        for ax, column in zip(metric_axes, columns, strict=True):
+            _plot_band(
+                ax, [metric_series(histories[r.path], column.key) for r in method.runs], **style(method)
             )
-    baseline = report.baseline.label
-    delta_ax.axhline(0.0, color=colour[baseline], linestyle="--", label=f"{baseline} (baseline)")
-    for ax, column in zip(metric_axes, columns, strict=True):
-        ax.set_title(f"{column.key} {column.metric} {column.arrow}", fontsize=9)
-    delta_ax.set_title(f"Δm (%) ↑ vs {baseline}", fontsize=9)
-    delta_ax.legend(fontsize=7)
+        loss = [(list(losses[r.path]), list(losses[r.path].values())) for r in method.runs]
+        _plot_band(loss_ax, loss, **style(method))
+        if method is not base:
+            delta = [
+                delta_m_series(histories[run.path], histories[paired.path], columns)
+                for run, paired in paired_runs(method, base)
+            ]
+            _plot_band(delta_ax, delta, **style(method))
+    delta_ax.axhline(0.0, **style(base))
+    for ax, column, label in zip(metric_axes, columns, column_labels(columns), strict=True):
+        ax.set_title(label, fontsize=9)
+        ax.set_ylabel(f"{column.metric} ({column.unit})" if column.unit else column.metric, fontsize=8)
+    delta_ax.set_title(f"Δm ↑ vs {base.label}", fontsize=9)
+    delta_ax.set_ylabel("Δm (%)", fontsize=8)
+    loss_ax.set_title("training loss (mean over clients)", fontsize=9)
+    loss_ax.set_ylabel("loss", fontsize=8)
+    if not any(losses.values()):  # runs written before metrics.csv held the loss
+        loss_ax.text(
+            0.5, 0.5, "no training loss recorded", ha="center", va="center", transform=loss_ax.transAxes
+        )
+    seeds = "mean ± std over seeds" if any(len(m.runs) > 1 for m in report.methods) else None
+    handles = [
+        Line2D([], [], marker=".", label=m.label + (" (baseline)" if m is base else ""), **style(m))
+        for m in report.methods
+    ]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=min(len(handles), 5),
+        fontsize=8,
+        title=seeds,
+        title_fontsize=8,
+    )
     return fig
 
 
 def _panels(metrics: int):
-    """A figure with ``metrics`` panels and one for Δm, three to a row, x axis in whole rounds."""
+    """A figure with ``metrics`` panels, one for Δm and one for the loss, three to a row, the
+    x axis in whole rounds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    ncols = min(3, metrics + 1)
-    nrows = math.ceil((metrics + 1) / ncols)
-    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows), layout="constrained")
+    panels = metrics + 2
+    ncols = min(3, panels)
+    nrows = math.ceil(panels / ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.0 * nrows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)  # off-screen: no display needed
     axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
-    for ax in axes[metrics + 1 :]:
+    for ax in axes[panels:]:
         ax.set_visible(False)
-    for ax in axes[: metrics + 1]:
+    for ax in axes[:panels]:
         ax.set_xlabel("round", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
-    return fig, axes[:metrics], axes[metrics]
+    return fig, axes[:metrics], axes[metrics], axes[metrics + 1]
 
 
 # ---------------------------------------------------------------------------- partitions

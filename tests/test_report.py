@@ -85,22 +85,22 @@ def test_delta_m_matches_the_hand_computation(two_methods):
     # Δm = 1/3 · [ (55 − 50)/50 + (38 − 40)/40 − (0.4 − 0.5)/0.5 ] · 100
     #    = 1/3 · [ 0.10 − 0.05 + 0.20 ] · 100 = 25/3 = 8.333…  (depth: lower is better, so −)
     rows = table_of(*two_methods)
-    assert list(rows) == ["local", "fedavg"]  # one run each: labelled by its directory, baseline first
-    assert rows["fedavg"].delta_m == report.Stat(pytest.approx(25 / 3), None, 1)
-    assert rows["local"].delta_m.mean == 0.0 and rows["local"].separated == "baseline"
-    assert rows["fedavg"].separated == "n/a"  # one seed: no spread to compare with
-    assert rows["fedavg"].metrics["B/depth"] == report.Stat(0.4, None, 1)
+    assert list(rows) == ["Local", "FedAvg"]  # one run each: labelled by its method, baseline first
+    assert rows["FedAvg"].delta_m == report.Stat(pytest.approx(25 / 3), None, 1)
+    assert rows["Local"].delta_m.mean == 0.0 and rows["Local"].separated == "baseline"
+    assert rows["FedAvg"].separated == "n/a"  # one seed: no spread to compare with
+    assert rows["FedAvg"].metrics["B/depth"] == report.Stat(0.4, None, 1)
 
 
 def test_the_baseline_can_be_any_run_by_directory_or_label(two_methods):
     # Against FedAvg, Local's Δm = 1/3 · [ (50 − 55)/55 + (40 − 38)/38 − (0.5 − 0.4)/0.4 ] · 100
     expected = (-5 / 55 + 2 / 38 - 0.1 / 0.4) / 3 * 100  # = −9.626…
-    for baseline in (str(two_methods[1]), "fedavg"):
+    for baseline in (str(two_methods[1]), "FedAvg"):
         rows = table_of(*two_methods, baseline=baseline)
-        assert list(rows) == ["fedavg", "local"]
-        assert rows["local"].delta_m.mean == pytest.approx(expected)
+        assert list(rows) == ["FedAvg", "Local"]
+        assert rows["Local"].delta_m.mean == pytest.approx(expected)
     # A baseline directory not among the runs joins them.
-    assert list(table_of(two_methods[1], baseline=str(two_methods[0]))) == ["local", "fedavg"]
+    assert list(table_of(two_methods[1], baseline=str(two_methods[0]))) == ["Local", "FedAvg"]
 
 
 # ---------------------------------------------------------------------------- (b) seeds
@@ -172,16 +172,23 @@ def test_seeds_come_from_config_yaml_and_configs_decide_the_groups(tmp_path):
     local1 = write_run(tmp_path / "local1", "Local", 50.0, 40.0, 0.5, seed=None, config={"seed": 1})
     rows = table_of(local, local1, *same, other)
     # The two Local configs differ only in the seed (a group); FedAvg lr 0.1 with seeds 0, 1 is a
-    # group; lr 0.2 is a run of its own, labelled by its directory.
-    assert list(rows) == ["Local", "FedAvg", "b0"]
-    assert rows["FedAvg"].seeds == (0, 1) and rows["Local"].seeds == (0, 1)
+    # group; lr 0.2 is a run of its own: the two FedAvg rows are told apart by their lr.
+    assert list(rows) == ["Local", "FedAvg (lr=0.1)", "FedAvg (lr=0.2)"]
+    assert rows["FedAvg (lr=0.1)"].seeds == (0, 1) and rows["Local"].seeds == (0, 1)
+    # --baseline takes a label, and an algorithm's name where one row has it
+    for name in ("FedAvg (lr=0.2)", str(other)):
+        assert report.build_report([local, *same, other], baseline=name).baseline.label == "FedAvg (lr=0.2)"
+    assert report.build_report([local, other], baseline="FedAvg").baseline.label == "FedAvg"
 
 
 def test_two_runs_of_one_seed_are_separate_rows_with_unique_labels(tmp_path):
     local = write_run(tmp_path / "local", "Local", 50.0, 40.0, 0.5)
     first = write_run(tmp_path / "x" / "fedavg", "FedAvg", 55.0, 38.0, 0.4)
     second = write_run(tmp_path / "y" / "fedavg", "FedAvg", 60.0, 38.0, 0.4)
-    assert list(table_of(local, first, second)) == ["local", str(first), str(second)]
+    # Nothing but the directory tells them apart: not its name (both "fedavg"), so the path.
+    assert list(table_of(local, first, second)) == ["Local", f"FedAvg ({first})", f"FedAvg ({second})"]
+    third = write_run(tmp_path / "fedavg-b", "FedAvg", 60.0, 38.0, 0.4)
+    assert list(table_of(local, first, third))[1:] == ["FedAvg (fedavg)", "FedAvg (fedavg-b)"]
 
 
 # ---------------------------------------------------------------------------- (c) formats
@@ -203,15 +210,19 @@ def test_csv_markdown_and_latex_have_one_cell_per_column(three_seeds):
     assert len(markdown) == 2 + len(table.rows)
     assert all(line.startswith("| ") and line.endswith(" |") for line in markdown)
     assert {len(line.split(" | ")) for line in markdown} == {cells}
-    assert "A/semseg mIoU ↑" in markdown[0] and "B/depth RMSE ↓" in markdown[0] and "Δm (%) ↑" in markdown[0]
+    # Short labels: the dataset as a paper names it, the task, its metric and the arrow
+    assert (
+        "| PASCAL-Context semseg mIoU ↑ | NYUD semseg mIoU ↑ | NYUD depth RMSE ↓ | Δm (%) ↑ |" in markdown[0]
+    )
 
     latex = report.render(table, "latex")
     for rule in (r"\toprule", r"\midrule", r"\bottomrule"):
         assert latex.count(rule) == 1
     lines = [line for line in latex.splitlines() if line.endswith(r"\\")]
-    assert len(lines) == 1 + len(table.rows)
-    assert {len(re.findall(r"(?<!\\)&", line)) for line in lines} == {cells - 1}
-    assert r"B/depth RMSE $\downarrow$" in latex and r"60.00 $\pm$ 5.00" in latex
+    assert len(lines) == 2 + len(table.rows)  # a two-level header
+    # Every cell but "separated" (a screen, no result for a paper)
+    assert {len(re.findall(r"(?<!\\)&", line)) for line in lines[1:]} == {cells - 2}
+    assert r"depth RMSE $\downarrow$" in latex and r"\textbf{60.00} $\pm$ 5.00" in latex
 
 
 def with_cost(run: Path, up: int, down: int, rounds: int = 10) -> Path:
@@ -250,7 +261,7 @@ def test_cost_columns_are_megabytes_per_round_and_gigabytes_in_all(tmp_path):
     assert float(rows["FedAvg"]["gb_total"]) == pytest.approx(0.006)
     assert "| 8.33 ± 0.00 | 0.6 | 0.01 | yes |" in report.render(table, "markdown")
     latex = report.render(table, "latex")
-    assert "MB/round & GB total & separated" in latex and "& 0.6 & 0.01 &" in latex
+    assert r"MB/round & GB total \\" in latex and r"& 0.6 & 0.01 \\" in latex
 
 
 def test_a_run_without_the_full_cost_leaves_its_cells_empty(tmp_path):
@@ -261,8 +272,8 @@ def test_a_run_without_the_full_cost_leaves_its_cells_empty(tmp_path):
         write_run(tmp_path / "resumed", "FedProx", 55.0, 38.0, 0.4), 2_000_000, 2_000_000, rounds=4
     )
     rows = table_of(local, old, resumed)
-    assert rows["old"].mb_per_round is None and rows["old"].gb_total is None
-    assert rows["resumed"].mb_per_round == pytest.approx(1.0) and rows["resumed"].gb_total is None
+    assert rows["FedAvg"].mb_per_round is None and rows["FedAvg"].gb_total is None
+    assert rows["FedProx"].mb_per_round == pytest.approx(1.0) and rows["FedProx"].gb_total is None
     csv_rows = {
         r["method"]: r
         for r in csv.DictReader(
@@ -271,7 +282,8 @@ def test_a_run_without_the_full_cost_leaves_its_cells_empty(tmp_path):
             )
         )
     }
-    assert csv_rows["old"]["mb_per_round"] == "" and csv_rows["resumed"]["gb_total"] == ""
+    assert csv_rows["FedAvg"]["mb_per_round"] == "" and csv_rows["FedProx"]["gb_total"] == ""
+    assert csv_rows["FedAvg"]["runs"] == str(old)  # the CSV names the directories behind a row
 
 
 def test_a_changed_cost_is_refused(tmp_path, two_methods, capsys):
@@ -282,8 +294,11 @@ def test_a_changed_cost_is_refused(tmp_path, two_methods, capsys):
 
 def test_latex_escapes_names(tmp_path):
     local = write_run(tmp_path / "local_run", "Local", 50.0, 40.0, 0.5)
-    latex = report.render(report.compute_table(report.build_report([local])), "latex")
-    assert r"local\_run &" in latex
+    other = write_run(tmp_path / "local_b", "Local", 50.0, 40.0, 0.5)
+    latex = report.render(
+        report.compute_table(report.build_report([local, other], baseline=str(local))), "latex"
+    )
+    assert r"Local (local\_run) &" in latex
 
 
 def test_the_output_suffix_picks_the_format():
@@ -322,7 +337,7 @@ def test_a_baseline_without_the_paired_seed_is_refused(tmp_path, capsys):
     for seed in (0, 1):
         write_run(tmp_path / f"fedavg{seed}", "FedAvg", 55.0, 38.0, 0.4, seed=seed)
     error = refused([str(tmp_path / n) for n in ("local", "fedavg0", "fedavg1")], tmp_path, capsys)
-    assert "baseline local has no run with seed 1" in error and "paired by seed" in error
+    assert "baseline Local has no run with seed 1" in error and "paired by seed" in error
 
 
 def test_unfinished_and_missing_runs_are_refused(tmp_path, two_methods, capsys):
@@ -342,7 +357,7 @@ def test_a_zero_in_the_baseline_is_refused(tmp_path, capsys):
     local = write_run(tmp_path / "local", "Local", 0.0, 40.0, 0.5)
     fedavg = write_run(tmp_path / "fedavg", "FedAvg", 55.0, 38.0, 0.4)
     error = refused([str(local), str(fedavg)], tmp_path, capsys)
-    assert "Δm is undefined against baseline local" in error and "A/semseg mIoU = 0" in error
+    assert "Δm is undefined against baseline Local" in error and "A/semseg mIoU = 0" in error
 
 
 def test_an_unknown_format_is_refused(tmp_path, two_methods, capsys):
@@ -400,15 +415,15 @@ def test_the_command_reports_two_real_runs(real_runs, capsys):
     assert main(["report", str(real_runs["FedAvg"]), str(real_runs["Local"])]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
-        "| method | seeds | pascal_context-sal/sal maxF ↑ | nyud-normals+depth/normals mErr ↓ "
-        "| nyud-normals+depth/depth RMSE ↓ | Δm (%) ↑ | MB/round | GB total | separated |"
+        "| method | seeds | PASCAL-Context sal maxF ↑ | NYUD normals mErr ↓ "
+        "| NYUD depth RMSE ↓ | Δm (%) ↑ | MB/round | GB total | separated |"
     )
     # Local sends nothing; FedAvg's one round costs what its results.json counted.
-    assert lines[2].startswith("| local | 1 |") and lines[2].endswith("| 0.00 | 0.0 | 0.00 | baseline |")
+    assert lines[2].startswith("| Local | 1 |") and lines[2].endswith("| 0.00 | 0.0 | 0.00 | baseline |")
     counted = json.loads((real_runs["FedAvg"] / "results.json").read_text())["communication"]
     sent = counted["up_bytes"] + counted["down_bytes"]
     assert sent > 0 and counted["rounds"] == 1
-    assert lines[3].startswith("| fedavg | 1 |") and lines[3].endswith(
+    assert lines[3].startswith("| FedAvg | 1 |") and lines[3].endswith(
         f"| {sent / 1e6:.1f} | {sent / 1e9:.2f} | n/a |"
     )
     assert len(lines) == 4
@@ -421,7 +436,7 @@ def test_the_command_writes_csv_and_curves(real_runs, tmp_path, capsys):
     assert main(["report", *runs, "--output", str(table), "--curves", str(curves)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"table: {table}", f"curves: {curves}"]
     rows = list(csv.DictReader(table.open()))
-    assert [r["method"] for r in rows] == ["local", "fedavg"] and float(rows[0]["delta_m"]) == 0.0
+    assert [r["method"] for r in rows] == ["Local", "FedAvg"] and float(rows[0]["delta_m"]) == 0.0
     assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and curves.stat().st_size > 10_000
     assert before == {name: file_hashes(path) for name, path in real_runs.items()}  # runs untouched
 
@@ -454,7 +469,7 @@ def test_the_notebook_shows_the_table_and_the_curves(real_runs):
                 os.environ[k] = v
     outputs = [o for c in notebook.cells for o in c.get("outputs", [])]
     printed = "".join(o.get("text", "") for o in outputs)
-    assert "2 methods, 3 client tasks, baseline local" in printed
+    assert "2 methods, 3 client tasks, baseline Local" in printed
     markdown = "".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
-    assert "| fedavg | 1 |" in markdown and "Δm (%) ↑" in markdown
+    assert "| FedAvg | 1 |" in markdown and "Δm (%) ↑" in markdown
     assert any("image/png" in o.get("data", {}) for o in outputs)

@@ -89,7 +89,7 @@ def test_results_json_records_how_the_run_was_scored(runs, data_root):
 def test_runs_scored_alike_report(runs, capsys):
     capsys.readouterr()
     assert main(["report", str(runs["Local"]), str(runs["FedAvg"])]) == 0
-    assert "| fedavg |" in capsys.readouterr().out
+    assert "| FedAvg |" in capsys.readouterr().out
 
 
 def test_an_edge_scoring_recorded_otherwise_is_refused_naming_it(local, fedavg, tmp_path, capsys):

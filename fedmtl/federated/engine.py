@@ -43,7 +43,7 @@ from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Receipts, RowStore
 from fedmtl.federated.results import RunRecord
 from fedmtl.federated.rounds import Federation, Round
-from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
+from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_charts
 from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
@@ -148,8 +148,8 @@ class Simulation:
                 history.append({"round": number, "metrics": results})
             with self.ranks.phase(stop=False, round_=number):  # metrics.csv on a full disk stops every rank
                 self.fabric.log_dict(values, step=number)
-                if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
-                    log_heatmaps(self.fabric.loggers, self.method.log_matrices(), number)
+                if is_zero and (results is not None):  # α chart, β heatmap on evaluation rounds
+                    log_charts(self.fabric.loggers, self.method.log_matrices(), number)
             if is_zero and not bars:
                 print(progress_line(number, cfg.rounds, values), file=sys.stderr, flush=True)
             self._prune_receipts(number)

@@ -43,7 +43,7 @@ from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Receipts, RowStore
 from fedmtl.federated.results import RunRecord
 from fedmtl.federated.rounds import Federation, Round
-from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_charts
+from fedmtl.federated.runlog import CSVScalarLogger, RoundWandbLogger, create_loggers, log_charts
 from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
@@ -183,7 +183,7 @@ class Simulation:
     def _close_loggers(self, status: str, exit_code: int | None = None) -> None:
         for logger in self.fabric.loggers:
             logger.finalize(status)
-            wandb = self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger"
+            wandb = self.fabric.global_rank == 0 and isinstance(logger, RoundWandbLogger)
             # A failed run never starts a wandb run just to end it.
             if wandb and (status == "success" or logger._experiment is not None):
                 code = exit_code if exit_code is not None else 0 if status == "success" else 1

@@ -407,12 +407,41 @@ class LoggerConfig:
         mode: wandb mode; offline needs no account or network.
         project: wandb project.
         name: wandb run name; null: the run directory's name.
+        group: wandb group, which gathers runs in the dashboard (up to 128 characters); null:
+            the method's name and a hash of the config without its seed, run_dir, resume and
+            logger (``FedHCA2-1a2b3c4d``), so the seeds of one setting share a group.
+        tags: wandb tags of the run, each 1 to 64 characters (``[nyud, ablation]``).
+        entity: the wandb user or team the run is logged under; null: the account's default.
     """
 
     wandb: bool = True
     mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "fedmtl"
     name: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    entity: str | None = None
+
+    def __post_init__(self) -> None:
+        # wandb's own limits: a longer group or tag is refused by its server after the run started
+        if self.group is not None and not (isinstance(self.group, str) and 0 < len(self.group) <= 128):
+            raise ValueError(
+                f"logger.group must be 1 to 128 characters, got {self.group!r}; or null for one group "
+                "per setting (the method and a hash of the config without its seed)"
+            )
+        if isinstance(self.tags, str) or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in self.tags):
+            raise ValueError(
+                f"logger.tags must be a list of tags of 1 to 64 characters each, got {self.tags!r}; "
+                "e.g. --logger.tags '[nyud, ablation]'"
+            )
+        entity = self.entity
+        if entity is not None and not (
+            isinstance(entity, str) and entity and not set(entity) & set("/ \t\n")
+        ):
+            raise ValueError(
+                f"logger.entity must be a wandb user or team name (no spaces or '/'), got {entity!r}; "
+                "or null for the account's default"
+            )
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""FedHCA²'s α/β dashboards: every round in metrics.csv and an offline wandb run (with the β
-heatmap), drawn by notebooks/hyper_weights.ipynb from a run directory."""
+"""FedHCA²'s α/β dashboards: every round in metrics.csv and an offline wandb run (α as one
+chart, the β heatmap), drawn by notebooks/hyper_weights.ipynb from a run directory."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _server_values(run_dir: Path) -> dict[tuple[int, str], float]:
         return {
             (int(r["round"]), r["key"]): float(r["value"])
             for r in csv.DictReader(f)
-            if r["key"].startswith("server/")
+            if r["key"].startswith("aggregation/")
         }
 
 
@@ -72,7 +72,7 @@ def test_alpha_and_beta_are_logged_every_round(run_dir):
     values = _server_values(run_dir)
     for r in (1, 2, 3):
         for client in CLIENTS:
-            assert (r, f"server/alpha/{client}") in values
+            assert (r, f"aggregation/alpha/{client}") in values
         decoders = [
             (CLIENTS[0], "semseg"),
             (CLIENTS[1], "normals"),
@@ -81,24 +81,38 @@ def test_alpha_and_beta_are_logged_every_round(run_dir):
         ]
         for client, task in decoders:
             for layer in LAYERS:
-                assert (r, f"server/beta/{client}/{task}/{layer}") in values
+                assert (r, f"aggregation/beta/{client}/{task}/{layer}") in values
     # The first update of the hyper weights happens in round 2, once the next deltas exist.
-    assert all(values[(1, f"server/alpha/{c}")] == pytest.approx(0.1) for c in CLIENTS)
-    assert any(values[(2, f"server/alpha/{c}")] != pytest.approx(0.1, abs=1e-12) for c in CLIENTS)
+    assert all(values[(1, f"aggregation/alpha/{c}")] == pytest.approx(0.1) for c in CLIENTS)
+    assert any(values[(2, f"aggregation/alpha/{c}")] != pytest.approx(0.1, abs=1e-12) for c in CLIENTS)
     assert all(0.0 <= v <= 1.0 for (_, k), v in values.items() if "/alpha/" in k or "/beta/" in k)
 
 
 def test_results_end_with_the_hyper_weights(run_dir):
     server = json.loads((run_dir / "results.json").read_text())["server"]
     assert set(server) >= {f"alpha/{c}" for c in CLIENTS}
-    assert server[f"alpha/{CLIENTS[0]}"] == _server_values(run_dir)[(3, f"server/alpha/{CLIENTS[0]}")]
+    assert server[f"alpha/{CLIENTS[0]}"] == _server_values(run_dir)[(3, f"aggregation/alpha/{CLIENTS[0]}")]
 
 
 def test_the_offline_wandb_run_holds_the_beta_heatmap(run_dir):
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    heatmaps = list(runs[0].glob("files/media/images/server/beta_heatmap_*.png"))
+    heatmaps = list(runs[0].glob("files/media/images/aggregation/beta_*.png"))
     assert len(heatmaps) == 2  # evaluation rounds 2 and 3
+
+
+def test_the_offline_wandb_run_holds_alpha_as_one_chart_over_the_rounds(run_dir):
+    """α is one line chart per run (a table of round, client, value), not a panel per client."""
+    (run,) = (run_dir / "wandb").glob("offline-run-*")
+    tables = sorted(run.glob("files/media/table/aggregation/alpha_table_*.table.json"), key=os.path.getmtime)
+    assert len(tables) == 2  # evaluation rounds 2 and 3
+    table = json.loads(tables[-1].read_text())
+    assert table["columns"] == ["step", "lineKey", "lineVal"]
+    logged = _server_values(run_dir)
+    expected = [[r, c, logged[(r, f"aggregation/alpha/{c}")]] for c in CLIENTS for r in (1, 2, 3)]
+    assert table["data"] == expected
+    # the per-client scalars stay in metrics.csv only
+    assert b"aggregation/alpha/" not in next(run.glob("run-*.wandb")).read_bytes()
 
 
 def test_heatmap_image_is_an_rgb_picture():

@@ -500,7 +500,7 @@ def test_the_personal_model_is_reported_and_xi_self_is_logged_every_round(runs):
         logged = {(int(r["round"]), r["key"]): float(r["value"]) for r in csv.DictReader(f)}
     for round_ in range(1, ROUNDS + 1):
         for name in names:
-            xi_self = logged[(round_, f"server/xi_self/{name}")]
+            xi_self = logged[(round_, f"aggregation/xi_self/{name}")]
             # ξ_ii = 1 − Σ_{j≠i} ξ_ij with 0 < ξ_ij ≤ α_k/σ = 1 and N = 3 encoders.
             assert math.isfinite(xi_self) and -1 <= xi_self <= 1, (round_, name)
     assert set(results["server"]) == {f"xi_self/{name}" for name in names}

@@ -43,7 +43,7 @@ from fedmtl.federated.ranks import Ranks
 from fedmtl.federated.receipts import FileRowStore, MemoryRowStore, Receipt, Receipts, RowStore
 from fedmtl.federated.results import RunRecord
 from fedmtl.federated.rounds import Federation, Round
-from fedmtl.federated.runlog import CSVScalarLogger, create_loggers, log_heatmaps
+from fedmtl.federated.runlog import CSVScalarLogger, RoundWandbLogger, create_loggers, log_charts
 from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
@@ -149,12 +149,11 @@ class Simulation:
                 if results is not None:
                     history.append({"round": number, "metrics": results})
                 live.phase("logging")
-                with self.ranks.phase(
-                    stop=False, round_=number
-                ):  # metrics.csv on a full disk stops every rank
+                # metrics.csv on a full disk stops every rank
+                with self.ranks.phase(stop=False, round_=number):
                     self.fabric.log_dict(values, step=number)
-                    if is_zero and (results is not None):  # heatmaps on evaluation rounds, like the metrics
-                        log_heatmaps(self.fabric.loggers, self.method.log_matrices(), number)
+                    if is_zero and (results is not None):  # α chart, β heatmap on evaluation rounds
+                        log_charts(self.fabric.loggers, self.method.log_matrices(), number)
                 line = progress_line(number, cfg.rounds, values)
                 if is_zero and not self.live:
                     print(line, file=sys.stderr, flush=True)
@@ -194,7 +193,7 @@ class Simulation:
     def _close_loggers(self, status: str, exit_code: int | None = None) -> None:
         for logger in self.fabric.loggers:
             logger.finalize(status)
-            wandb = self.fabric.global_rank == 0 and type(logger).__name__ == "WandbLogger"
+            wandb = self.fabric.global_rank == 0 and isinstance(logger, RoundWandbLogger)
             # A failed run never starts a wandb run just to end it.
             if wandb and (status == "success" or logger._experiment is not None):
                 code = exit_code if exit_code is not None else 0 if status == "success" else 1

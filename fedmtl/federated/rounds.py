@@ -190,7 +190,7 @@ class Round:
                 with timed(times, "held_out"), self.ranks.phase(round_=self.number):
                     results[held_out.LABEL] = evaluator.held_out_results()
             values |= evaluation.logged_values(results, evaluator.labels, self.clients.datasets_of)
-        values |= {f"server/{k}": v for k, v in self.method.log_values().items()}
+        values |= {f"aggregation/{k}": v for k, v in self.method.log_values().items()}  # runlog.AGGREGATION
         values |= {f"time/{k}": v for k, v in times.items()}
         return values, results
 

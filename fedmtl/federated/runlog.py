@@ -3,12 +3,19 @@
 metrics.csv is long-format, ``round,key,value``, appended as rounds finish, so a resumed run
 continues the same file and a notebook reads it with one ``pandas.read_csv``. wandb runs
 offline by default (no account, no network); ``logger.mode: online`` syncs live.
+
+In wandb the round is the x-axis of every series (``round`` is logged with each row), and a
+method's per-client aggregation weights (``aggregation/<name>/<client>`` in metrics.csv, e.g.
+FedHCA²'s α) are one line chart per run, ``aggregation/<name>``, not one panel per client;
+weights of more levels (FedHCA²'s β per decoder and layer) are a heatmap image instead.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import os
 import sys
 from argparse import Namespace
@@ -18,9 +25,14 @@ from typing import Any
 import numpy as np
 from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import WandbLogger
 
 from fedmtl.config import LoggerConfig
 from fedmtl.files import temporary_name, writing
+
+# The metrics.csv and wandb section of a method's own values (``Method.log_values``): α and β of
+# FedHCA², ξ of FedAMP. The server's bookkeeping (participants, dropped updates) is ``server/``.
+AGGREGATION = "aggregation"
 
 
 class CSVScalarLogger(Logger):
@@ -109,14 +121,51 @@ def heatmap_image(rows: list[str], columns: list[str], values: np.ndarray, title
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def log_heatmaps(
+def is_charted(key: str) -> bool:
+    """Whether ``key`` is one member of a weight family (``aggregation/<name>/<member...>``):
+    metrics.csv keeps it, wandb shows its family as one chart (:func:`log_charts`) instead."""
+    parts = key.split("/")
+    return len(parts) >= 3 and parts[0] == AGGREGATION
+
+
+def aggregation_series(path: str | Path) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """The per-client weight families of metrics.csv, ``aggregation/<name>/<client>``, as
+    ``{name: {client: (rounds, values)}}`` in the order logged (deeper keys, β, are left out)."""
+    series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    if not Path(path).is_file():
+        return series
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            parts = row["key"].split("/")
+            if len(parts) == 3 and parts[0] == AGGREGATION:
+                rounds, values = series.setdefault(parts[1], {}).setdefault(parts[2], ([], []))
+                rounds.append(int(row["round"]))
+                values.append(float(row["value"]))
+    return series
+
+
+def log_charts(
     loggers: list[Logger], matrices: dict[str, tuple[list[str], list[str], Any]], step: int
 ) -> None:
-    """Draw each (rows, columns, values) matrix as a heatmap image in wandb (decoder x layer β,
-    like the paper's Fig. 7); the values themselves are in metrics.csv as scalars."""
-    wandb_loggers = [lg for lg in loggers if type(lg).__name__ == "WandbLogger"]
-    if not wandb_loggers or not matrices:
+    """To wandb: each per-client weight family of metrics.csv as one line chart over the rounds
+    so far (``aggregation/alpha``: FedHCA²'s α, one line per client, like the paper's figure),
+    and each (rows, columns, values) matrix as an annotated heatmap image (``aggregation/beta``:
+    decoder x layer β, like the paper's Fig. 7). The values themselves are in metrics.csv."""
+    import wandb
+
+    wandb_loggers = [lg for lg in loggers if isinstance(lg, WandbLogger)]
+    csv_loggers = [lg for lg in loggers if isinstance(lg, CSVScalarLogger)]
+    if not wandb_loggers:
         return
+    logged: dict[str, Any] = {}
+    for name, members in (aggregation_series(csv_loggers[0].path) if csv_loggers else {}).items():
+        logged[f"{AGGREGATION}/{name}"] = wandb.plot.line_series(
+            xs=[rounds for rounds, _ in members.values()],
+            ys=[values for _, values in members.values()],
+            keys=list(members),
+            title=f"{name} per client, rounds 1-{step}",
+            xname="round",
+        )
     for name, (rows, columns, values) in matrices.items():
         title = (
             f"{name}, round {step} (columns: "
@@ -124,8 +173,48 @@ def log_heatmaps(
             + ")"
         )
         image = heatmap_image(rows, columns, np.asarray(values, dtype=np.float64), title)
+        logged[f"{AGGREGATION}/{name}"] = wandb.Image(image)
+    if logged:
         for logger in wandb_loggers:
-            logger.log_image(key=f"server/{name}_heatmap", images=[image], step=step)
+            logger.log_metrics(logged, step=step)
+
+
+class RoundWandbLogger(WandbLogger):
+    """Lightning's WandbLogger with the round as the x-axis: every row carries ``round`` and
+    every series is plotted against it (Lightning's own x-axis, ``trainer/global_step``, is
+    neither logged nor used); the members of a weight family (:func:`is_charted`) stay out of
+    wandb, where their family is one chart."""
+
+    @property
+    def experiment(self) -> Any:
+        started = self._experiment is not None
+        run = super().experiment
+        if not started and rank_zero_only.rank == 0 and getattr(run, "define_metric", None):
+            run.define_metric("round")
+            # overwrite: Lightning has just defined "*" against trainer/global_step
+            run.define_metric("*", step_metric="round", step_sync=True, overwrite=True)
+        return run
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        row = {key: value for key, value in metrics.items() if not is_charted(key)}
+        if step is not None:
+            row["round"] = step
+        self.experiment.log(row)
+
+
+def default_group(config: dict[str, Any]) -> str | None:
+    """The wandb group of a run whose ``logger.group`` is null: the method's name and a hash
+    of the config without its seed (and without run_dir, resume and logger, which do not change
+    the results), so the seeds of one setting gather in one group. None without a config."""
+    if not config:
+        return None
+    kept = {k: v for k, v in config.items() if k not in {"seed", "run_dir", "resume", "logger"}}
+    digest = hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    algorithm = config.get("algorithm")
+    path = algorithm.get("class_path") if isinstance(algorithm, dict) else algorithm
+    method = str(path).rsplit(".", 1)[-1] if path else "run"
+    return f"{method}-{digest}"
 
 
 def _has_wandb_account() -> bool:
@@ -164,11 +253,10 @@ def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> 
     """metrics.csv, and wandb unless switched off. ``mode: online`` without a wandb account,
     or with one but no connection to the wandb server, logs offline instead (one warning
     line; ``wandb sync RUN_DIR/wandb/offline-run-*`` later). Every resume of a run logs to
-    the same wandb run (its id is in ``RUN_DIR/wandb_run_id``)."""
+    the same wandb run (its id is in ``RUN_DIR/wandb_run_id``); ``logger.group``, ``tags`` and
+    ``entity`` go to ``wandb.init`` (a null group: :func:`default_group`)."""
     loggers: list[Logger] = [CSVScalarLogger(run_dir / "metrics.csv")]
     if cfg.wandb and cfg.mode != "disabled":
-        from lightning.pytorch.loggers import WandbLogger
-
         os.environ.setdefault("WANDB_SILENT", "true")
         offline = cfg.mode == "offline"
         if not offline and not _has_wandb_account():
@@ -187,13 +275,16 @@ def create_loggers(cfg: LoggerConfig, run_dir: Path, config: dict[str, Any]) -> 
                 file=sys.stderr,
             )
         id_file = run_dir / "wandb_run_id"
-        logger = WandbLogger(
+        logger = RoundWandbLogger(
             project=cfg.project,
             name=cfg.name or run_dir.resolve().name,
             save_dir=str(run_dir),
             offline=offline,
             id=id_file.read_text().strip() if id_file.is_file() else None,
             config=config,
+            entity=cfg.entity,
+            group=cfg.group or default_group(config),
+            tags=list(cfg.tags) or None,
         )
         # Lightning passes anonymous=None to wandb.init, which warns that the setting is
         # deprecated on every run; leaving it out means the same to wandb.

@@ -112,9 +112,13 @@ def test_scale_one_is_the_direct_render(dataset):
 def test_a_scaled_dataset_is_written_and_deterministic(tmp_path):
     paths = []
     for name in ("a", "b"):
-        root = generate("nyud", tmp_path / name, 2, 1, SIZE, seed=1, workers=1, progress=False, render_scale=SCALE)
+        root = generate(
+            "nyud", tmp_path / name, 2, 1, SIZE, seed=1, workers=1, progress=False, render_scale=SCALE
+        )
         paths.append(sorted(p for p in root.rglob("*") if p.is_file()))
-    assert [p.relative_to(tmp_path / "a") for p in paths[0]] == [p.relative_to(tmp_path / "b") for p in paths[1]]
+    assert [p.relative_to(tmp_path / "a") for p in paths[0]] == [
+        p.relative_to(tmp_path / "b") for p in paths[1]
+    ]
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*paths))
 
 

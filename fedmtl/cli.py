@@ -178,6 +178,7 @@ def synth(
     seed: int = 0,
     workers: int | None = None,
     overwrite: bool = False,
+    render_scale: float = 1.0,
 ) -> None:
     """Write a procedurally rendered dataset in the real on-disk layout.
 
@@ -190,11 +191,12 @@ def synth(
         seed: the same seed writes the same files.
         workers: processes to render with (default: all cores).
         overwrite: replace ``root`` if it already holds files (refused otherwise).
+        render_scale: in (0, 1]: render at this fraction of size and scale up (faster, less detail).
     """
     from fedmtl.synth import generate
     from fedmtl.synth.generator import check_options
 
-    check_options(num_train, num_val, size, seed, workers, prefix="--")  # named as typed
+    check_options(num_train, num_val, size, seed, workers, prefix="--", render_scale=render_scale)  # as typed
     out = generate(
         dataset,
         root,
@@ -205,6 +207,7 @@ def synth(
         workers=workers,
         progress=interactive(),
         overwrite=overwrite,
+        render_scale=render_scale,
     )
     print(f"wrote {num_train} train + {num_val} val {dataset} images to {out}")
 
@@ -436,6 +439,7 @@ def _ensure_data(cfg: Any) -> None:
                 size=tuple(s.size),
                 seed=s.seed,
                 progress=interactive(),
+                render_scale=s.render_scale,
             )
 
 

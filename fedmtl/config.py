@@ -261,12 +261,19 @@ class SynthConfig:
         num_val: validation images.
         size: image height and width, each at least 16.
         seed: the same seed writes the same images.
+        render_scale: in (0, 1]: render each scene at this fraction of size, then scale the
+            rendering up to size (labels by nearest, depth and normals bilinear within an
+            object) and read the labels off it; about 1 / render_scale**2 times faster, with
+            less detail (thin objects and parts can vanish). 1: render at size. The rendered
+            size must be at least 16 a side. A data root already holding the dataset is used
+            as it is, whatever render_scale wrote it.
     """
 
     num_train: int = 500
     num_val: int = 200
     size: tuple[int, int] = (96, 96)
     seed: int = 0
+    render_scale: float = 1.0
 
     def check(self, name: str) -> None:
         """Raise ValueError if a value is out of range; ``name`` is the entry's config path."""
@@ -278,6 +285,18 @@ class SynthConfig:
                 f"got {list(self.size)}"
             )
         _at_least(f"{name}.seed", self.seed, 0)
+        # = fedmtl.synth.resample.render_scale_problem, not imported: the config module stays light
+        scale = self.render_scale
+        rendered = [max(1, round(v * scale)) for v in self.size] if math.isfinite(scale) else []
+        if not (0 < scale <= 1):
+            raise ValueError(
+                f"{name}.render_scale must be in (0, 1], got {scale!r} (1: render at the full size)"
+            )
+        if scale < 1 and min(rendered) < MIN_SYNTH_SIZE:
+            raise ValueError(
+                f"{name}.render_scale {scale} renders {rendered[0]} x {rendered[1]} pixels for size "
+                f"{list(self.size)}, under {MIN_SYNTH_SIZE} a side: raise it (1: render at the full size)"
+            )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from fedmtl.data.datasets import DATASETS
 from fedmtl.federated import scenario
 from fedmtl.federated.scenario import build_clients, count_clients
 from fedmtl.synth import sample_rng
+from fedmtl.synth.resample import render_size
 from fedmtl.synth.scenes import pascal_scene
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -35,7 +36,8 @@ def _has_person(cfg: RunConfig, index: int) -> bool:
     """Whether generated PASCAL-Context training image ``index`` has a person in its scene."""
     synth = cfg.data.synth["pascal_context"]
     rng = sample_rng("pascal_context", synth.seed, "train", index)
-    return any(o.name == "person" for o in pascal_scene(rng, tuple(synth.size)).objects)
+    scene = pascal_scene(rng, render_size(tuple(synth.size), synth.render_scale))  # as the generator draws it
+    return any(o.name == "person" for o in scene.objects)
 
 
 def _training_images(cfg: RunConfig, monkeypatch) -> dict[str, int]:

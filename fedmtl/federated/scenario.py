@@ -27,6 +27,8 @@ def synth_command(cfg: RunConfig, dataset: str) -> str:
     if synth is not None:
         command += f" --num_train {synth.num_train} --num_val {synth.num_val} --seed {synth.seed}"
         command += f" --size [{synth.size[0]},{synth.size[1]}]"
+        if synth.render_scale != 1:
+            command += f" --render_scale {synth.render_scale}"
     return command
 
 

@@ -18,7 +18,8 @@ from tqdm import tqdm
 from fedmtl.data import rootlock
 from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
 from fedmtl.registry import Registry
-from fedmtl.synth.render import Rendering, render
+from fedmtl.synth.render import Rendering, Scene, render
+from fedmtl.synth.resample import render_scale_problem, render_size, upscale
 from fedmtl.synth.scenes import (
     CONTEXT_CLASSES,
     NYU_CLASSES,
@@ -46,6 +47,20 @@ def boundaries(ids: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _render(
+    make_scene: Callable[[np.random.Generator, tuple[int, int]], Scene],
+    rng: np.random.Generator,
+    size: tuple[int, int],
+    render_scale: float,
+) -> tuple[Scene, Rendering]:
+    """The scene drawn for the rendered size and its rendering scaled up to ``size``
+    (:mod:`fedmtl.synth.resample`); with ``render_scale`` 1, rendered at ``size`` directly."""
+    small = render_size(size, render_scale)
+    scene = make_scene(rng, small)
+    r = render(scene, rng)
+    return scene, r if small == tuple(size) else upscale(r, size)
+
+
 def _areas(rendering: Rendering, count: int) -> np.ndarray:
     return np.bincount(rendering.object_id.ravel() + 1, minlength=count + 1)[1:]
 
@@ -63,9 +78,8 @@ class PascalSample:
     semseg_dir: str  # "VOC12" or the fallback "pascal-context"
 
 
-def pascal_sample(rng: np.random.Generator, size: tuple[int, int]) -> PascalSample:
-    scene = pascal_scene(rng, size)
-    r = render(scene, rng)
+def pascal_sample(rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0) -> PascalSample:
+    scene, r = _render(pascal_scene, rng, size, render_scale)
     objects = scene.objects
     # object id -1 (the sky) indexes the last entry of these lookup tables
     voc = np.array([o.label for o in objects] + [0], dtype=np.uint8)
@@ -142,8 +156,10 @@ def _pascal_meta(root: Path, splits: dict[str, list[str]]) -> None:
     )
 
 
-def _pascal_write(root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int]) -> None:
-    s = pascal_sample(rng, size)
+def _pascal_write(
+    root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0
+) -> None:
+    s = pascal_sample(rng, size, render_scale)
     layout = PascalContextLayout(root)
     for path in layout.semseg_candidates(image_id):  # a stale png in the other folder would win
         if path.parent.name != s.semseg_dir:
@@ -175,9 +191,8 @@ def _kinect_holes(rng: np.random.Generator, r: Rendering, glass: np.ndarray) -> 
     return holes | (glass & blobs)
 
 
-def nyud_sample(rng: np.random.Generator, size: tuple[int, int]) -> NYUDSample:
-    scene = nyud_scene(rng, size)
-    r = render(scene, rng)
+def nyud_sample(rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0) -> NYUDSample:
+    scene, r = _render(nyud_scene, rng, size, render_scale)
     labels = np.array([o.label for o in scene.objects] + [IGNORE], dtype=np.uint8)
     semseg = labels[r.object_id]
     edge = boundaries(r.object_id)
@@ -194,8 +209,10 @@ def _nyud_id(split: str, index: int) -> str:
     return f"{2 * index + 1 + SPLITS.index(split):07d}"
 
 
-def _nyud_write(root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int]) -> None:
-    s = nyud_sample(rng, size)
+def _nyud_write(
+    root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0
+) -> None:
+    s = nyud_sample(rng, size, render_scale)
     NYUDLayout(root).write_sample(image_id, s.rendering.image, s.semseg, s.edge, s.rendering.normals, s.depth)
 
 
@@ -208,7 +225,8 @@ class SynthSpec:
 
     image_id: Callable[[str, int], str]  # (split, index) -> image id
     write_meta: Callable[[Path, dict[str, list[str]]], None]  # split files and class tables
-    write_sample: Callable[[Path, str, np.random.Generator, tuple[int, int]], None]
+    # (root, image id, rng, size, render_scale)
+    write_sample: Callable[[Path, str, np.random.Generator, tuple[int, int], float], None]
 
 
 SYNTH = Registry[SynthSpec]("synthetic dataset")
@@ -224,11 +242,18 @@ def sample_rng(dataset: str, seed: int, split: str, index: int) -> np.random.Gen
 
 
 def _write_chunk(
-    dataset: str, root: Path, seed: int, split: str, indices: Sequence[int], size: tuple[int, int]
+    dataset: str,
+    root: Path,
+    seed: int,
+    split: str,
+    indices: Sequence[int],
+    size: tuple[int, int],
+    render_scale: float,
 ) -> int:
     spec = SYNTH.get(dataset)
     for index in indices:
-        spec.write_sample(root, spec.image_id(split, index), sample_rng(dataset, seed, split, index), size)
+        rng = sample_rng(dataset, seed, split, index)
+        spec.write_sample(root, spec.image_id(split, index), rng, size, render_scale)
     return len(indices)
 
 
@@ -249,7 +274,13 @@ def _aside(target: Path) -> Path:
 
 
 def check_options(
-    num_train: int, num_val: int, size: Sequence[int], seed: int, workers: int | None, prefix: str = ""
+    num_train: int,
+    num_val: int,
+    size: Sequence[int],
+    seed: int,
+    workers: int | None,
+    prefix: str = "",
+    render_scale: float = 1.0,
 ) -> None:
     """Refuse an out-of-range option, naming it (``prefix``: "--" on the command line)."""
     if num_train < 1:
@@ -267,6 +298,8 @@ def check_options(
         raise ValueError(f"{prefix}seed must be at least 0, got {seed}")
     if workers is not None and workers < 1:
         raise ValueError(f"{prefix}workers must be at least 1, got {workers} (or leave it out: one per core)")
+    if (problem := render_scale_problem(tuple(int(v) for v in size), render_scale)) is not None:
+        raise ValueError(f"{prefix}render_scale {problem}")
 
 
 def _check_target(dataset: str, root: Path, target: Path, overwrite: bool) -> None:
@@ -352,11 +385,16 @@ def generate(
     workers: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    render_scale: float = 1.0,
 ) -> Path:
     """Render ``num_train`` + ``num_val`` images of ``dataset`` ("pascal_context" or "nyud")
     at ``size`` (height, width) into ``root``, the dataset folder itself; return ``root``.
 
     ``workers`` processes render in parallel (default: one per core; 1 renders in this process).
+    ``render_scale`` < 1 renders each scene at that fraction of ``size`` and scales the
+    rendering up to ``size`` before the labels are read off it (:mod:`fedmtl.synth.resample`):
+    about ``1 / render_scale**2`` times faster, with less detail (thin objects and parts
+    narrower than ``1 / render_scale`` pixels can vanish, boundaries follow a coarser grid).
 
     A ``root`` that already holds files is refused with a ValueError (before anything is written)
     unless ``overwrite``. The images are written to a hidden sibling folder of this process's
@@ -369,7 +407,7 @@ def generate(
         spec = SYNTH.get(dataset)
     except KeyError as err:
         raise ValueError(err.args[0]) from None
-    check_options(num_train, num_val, size, seed, workers)
+    check_options(num_train, num_val, size, seed, workers, render_scale=render_scale)
     height, width = (int(v) for v in size)
     root = Path(root)
     target = root.resolve()  # a symlinked dataset folder: work next to the folder it points to
@@ -389,7 +427,15 @@ def generate(
             total = num_train + num_val
             chunk = max(1, min(32, total // (4 * workers)))
             jobs = [
-                (dataset, staging, seed, split, range(start, min(start + chunk, n)), (height, width))
+                (
+                    dataset,
+                    staging,
+                    seed,
+                    split,
+                    range(start, min(start + chunk, n)),
+                    (height, width),
+                    render_scale,
+                )
                 for split, n in counts.items()
                 for start in range(0, n, chunk)
             ]

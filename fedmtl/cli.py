@@ -516,6 +516,22 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
 
 
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
+    cfg_ns = args.clone()
+    cfg_ns.pop("config", None)
+    summary = fit_namespace(parser, cfg_ns)
+    if summary is not None:  # global rank 0
+        print(format_results(summary))
+        print(f"results: {Path(cfg_ns.run_dir) / 'results.json'}")
+        if summary.get("server"):
+            print(format_server_values(summary["server"]))
+        for label, names in summary.get("nonfinite", {}).items():
+            print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
+
+
+def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] | None:
+    """Check the whole config of ``cfg_ns`` (the run parser's, ``config`` left out), write
+    RUN_DIR/config.yaml and train: what ``fedmtl fit`` and :func:`fedmtl.fit` both do. Returns
+    the results summary on global rank 0, None on the other ranks; a refusal raises."""
     import contextlib
 
     # Here, not at the top: the engine and the resume checks import the data and model stack,
@@ -525,8 +541,6 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     from fedmtl.federated.scenario import count_clients
     from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
 
-    cfg_ns = args.clone()
-    cfg_ns.pop("config", None)
     rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
     cfg = _instantiate(parser, cfg_ns)  # RunConfig's own checks run too
     # Everything is checked before anything is written: the run directory, the machine, the
@@ -564,14 +578,7 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
             resume_checks.record_inputs(cfg, inputs, fresh, parser)
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
-        summary = run(cfg, config_dict=cfg_ns.as_dict())
-        if summary is not None:  # global rank 0
-            print(format_results(summary))
-            print(f"results: {run_dir / 'results.json'}")
-            if summary.get("server"):
-                print(format_server_values(summary["server"]))
-            for label, names in summary.get("nonfinite", {}).items():
-                print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
+        return run(cfg, config_dict=cfg_ns.as_dict())
 
 
 def _evaluate(args: Namespace, command: str) -> None:

@@ -314,6 +314,7 @@ def _report(args: Namespace) -> None:
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedmtl", description="Hetero-client federated multi-task learning.")
+    parser.add_argument("--version", action="version", version=f"fedmtl {_version()}")
     commands = parser.add_subcommands(dest="command")
     commands.add_subcommand("fit", _run_parser(), help="train a scenario")
     commands.add_subcommand("validate", _eval_parser(), help="evaluate a run's latest checkpoint")
@@ -353,6 +354,16 @@ def _parser() -> ArgumentParser:
     _add_configs_command(commands)
     commands.add_subcommand("report", _report_parser(), help="compare finished runs: a table with Δm, curves")
     return parser
+
+
+def _version() -> str:
+    """fedmtl's version, from the installed package's metadata."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fedmtl")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _is_leader() -> bool:

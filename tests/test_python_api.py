@@ -25,6 +25,7 @@ def test_fit_writes_config_yaml_and_results_that_validate_reads(api_run, capsys)
     config, run_dir, summary = api_run
     assert summary == json.loads((run_dir / "results.json").read_text())
     assert summary["rounds"] == 2
+    assert summary["versions"]["fedmtl"] and summary["versions"]["torch"]  # what computed it
     written = (run_dir / "config.yaml").read_text()
     assert "rounds: 2" in written.splitlines()
     code, err = run_cli(["validate", "--run_dir", str(run_dir)], capsys)

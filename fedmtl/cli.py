@@ -716,6 +716,17 @@ def _resume_config(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # stdout's reader left (`fedmtl configs | head -3`): stop quietly, as `yes | head` does.
+        # Python's "Note on SIGPIPE": point stdout at devnull so its flush at exit cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # 141: killed by SIGPIPE, the shell's code for a closed pipe
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         argv = _check_config_files(argv)
@@ -789,6 +800,8 @@ def _command(args: Namespace, argv: list[str]) -> int:
         return stop.exit_code
     except stopping.PeerFailed:
         return 1  # the rank that failed said why
+    except BrokenPipeError:
+        raise  # stdout closed early: main stops quietly
     except (OSError, RuntimeError) as err:
         from fedmtl.files import os_failure
 

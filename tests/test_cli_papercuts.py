@@ -48,3 +48,21 @@ def test_no_git_gives_no_commit_not_an_error(monkeypatch):
     monkeypatch.setattr(subprocess, "run", missing)
     assert results.git_commit() is None
     assert results.versions()["git_commit"] is None
+
+
+@pytest.mark.parametrize("command", [["configs"], ["configs", "show", "demo.yaml"]])
+def test_a_reader_that_leaves_early_stops_the_command_quietly(command):
+    """``fedmtl configs | head -3``: the reader closes the pipe before the command writes."""
+    import os
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fedmtl", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    child.stdout.close()  # before the child has imported anything: its first write finds no reader
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141
+    assert err == ""

@@ -545,12 +545,7 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
     the results summary on global rank 0, None on the other ranks; a refusal raises."""
     import contextlib
 
-    # Here, not at the top: the engine and the resume checks import the data and model stack,
-    # which `fedmtl --help` and the other quick commands never need (tests/test_startup.py).
-    from fedmtl.federated import manifest, preflight, resume_checks, rundir, runlock
-    from fedmtl.federated.engine import run
-    from fedmtl.federated.scenario import count_clients
-    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
+    from fedmtl.federated import rundir, runlock
 
     rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
     cfg = _instantiate(parser, cfg_ns)  # RunConfig's own checks run too
@@ -560,6 +555,20 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
     if leader:  # the other ranks run while the leader holds the lock: they never check it
         runlock.check_free(cfg.run_dir)  # a busy run directory is named at once, not after the checks
     fresh = _check_run_dir(parser, cfg, cfg_ns) if leader else False
+    finished = None if fresh else finished_results(cfg)
+    if finished is not None:  # checked as a resume: nothing to train, so no data, model or Fabric
+        if leader:
+            print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
+        return finished if leader else None
+
+    # Here, not at the top: the engine and the resume checks import the data and model stack,
+    # which `fedmtl --help`, the other quick commands and a finished run never need
+    # (tests/test_startup.py).
+    from fedmtl.federated import manifest, preflight, resume_checks
+    from fedmtl.federated.engine import run
+    from fedmtl.federated.scenario import count_clients
+    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
+
     preflight.check_environment(cfg)
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
@@ -590,6 +599,33 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
         return run(cfg, config_dict=cfg_ns.as_dict())
+
+
+def finished_results(cfg: Any) -> dict[str, Any] | None:
+    """results.json of the run in ``cfg.run_dir`` when it has finished ``cfg.rounds`` rounds
+    (its latest checkpoint is that round's, its config.yaml and results.json are there and say
+    so); None otherwise. Reprinting these is what resuming a finished run does."""
+    import json
+
+    from fedmtl.federated import checkpoint
+
+    run_dir = Path(cfg.run_dir)
+    if not cfg.resume or not (run_dir / "config.yaml").is_file():  # a lost config.yaml: fit restores it
+        return None
+    folder = checkpoint.latest(run_dir)
+    if folder is None or folder.name != checkpoint.round_name(cfg.rounds):
+        return None
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):  # missing or damaged: the engine writes it again from the checkpoint
+        return None
+    if (
+        not isinstance(results, dict)
+        or results.get("rounds") != cfg.rounds
+        or not isinstance(results.get("clients"), dict)
+    ):
+        return None
+    return results
 
 
 def _evaluate(args: Namespace, command: str) -> None:

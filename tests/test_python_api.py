@@ -116,3 +116,44 @@ def test_import_fedmtl_stays_light():
     code = "import sys, fedmtl; print(sorted(m for m in ('torch', 'jsonargparse', 'fedmtl.api') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_finished_run_is_reprinted_without_the_simulation(api_run, capsys, monkeypatch):
+    """``fit --resume true`` on a finished run (make demo's second time) prints results.json
+    without building the data, the models or Fabric; fedmtl.fit returns it."""
+    import fedmtl
+    from fedmtl.cli import format_results, main
+    from fedmtl.federated import engine
+
+    config, run_dir, summary = api_run
+
+    def built(*args, **kwargs):
+        raise AssertionError("a finished run built the Simulation")
+
+    monkeypatch.setattr(engine, "Simulation", built)
+    monkeypatch.setattr(engine, "run", built)
+    before = file_hashes(run_dir)
+    capsys.readouterr()
+    argv = [
+        "fit",
+        "--config",
+        str(config),
+        "--run_dir",
+        str(run_dir),
+        "--rounds",
+        "2",
+        "--evaluation.every",
+        "1",
+    ]
+    assert main([*argv, "--resume", "true"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(format_results(summary) + f"\nresults: {run_dir / 'results.json'}\n")
+    assert "resume: the run finished its 2 rounds; its results:" in err
+    assert (
+        fedmtl.fit(str(config), run_dir=str(run_dir), rounds=2, resume=True, **{"evaluation.every": 1})
+        == summary
+    )
+    assert file_hashes(run_dir) == before
+    # The resume's checks still run: a config that computes another run is refused
+    lines = refused_keeping([*argv, "--resume", "true", "--seed", "7"], run_dir, capsys)
+    assert lines[-1].startswith("error: resume: ") and "seed" in lines[-1]

@@ -66,3 +66,20 @@ def test_a_reader_that_leaves_early_stops_the_command_quietly(command):
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_no_docstring_holds_an_rst_table():
+    """The API reference renders docstrings as Markdown, where an RST table is rows of ``=====``:
+    a table is written as a Markdown one (tests/test_docs.py checks the built pages)."""
+    import ast
+    import re
+
+    rule = re.compile(r"^\s*=+(\s+=+)+\s*$", re.MULTILINE)
+    found = []
+    for path in sorted((ROOT / "fedmtl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node, clean=False)
+                if doc and rule.search(doc):
+                    found.append(f"{path.relative_to(ROOT)}: {getattr(node, 'name', 'module')}")
+    assert found == []

@@ -545,7 +545,11 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
     the results summary on global rank 0, None on the other ranks; a refusal raises."""
     import contextlib
 
-    from fedmtl.federated import rundir, runlock
+    # Here, not at the top: the engine and the resume checks import the data and model stack,
+    # which `fedmtl --help` and the other quick commands never need (tests/test_startup.py).
+    from fedmtl.federated import manifest, preflight, resume_checks, rundir, runlock
+    from fedmtl.federated.scenario import count_clients
+    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
 
     rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
     cfg = _instantiate(parser, cfg_ns)  # RunConfig's own checks run too
@@ -555,24 +559,13 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
     if leader:  # the other ranks run while the leader holds the lock: they never check it
         runlock.check_free(cfg.run_dir)  # a busy run directory is named at once, not after the checks
     fresh = _check_run_dir(parser, cfg, cfg_ns) if leader else False
-    finished = None if fresh else finished_results(cfg)
-    if finished is not None:  # checked as a resume: nothing to train, so no data, model or Fabric
-        if leader:
-            print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
-        return finished if leader else None
-
-    # Here, not at the top: the engine and the resume checks import the data and model stack,
-    # which `fedmtl --help`, the other quick commands and a finished run never need
-    # (tests/test_startup.py).
-    from fedmtl.federated import manifest, preflight, resume_checks
-    from fedmtl.federated.engine import run
-    from fedmtl.federated.scenario import count_clients
-    from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
-
     preflight.check_environment(cfg)
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
-    preflight.check_scenario(cfg)
+    # A finished run, resumed, only reprints its results: no model is built, so none is checked
+    finished = None if fresh else finished_results(cfg)
+    if finished is None:
+        preflight.check_scenario(cfg)
     inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
     run_dir = Path(cfg.run_dir)
@@ -582,6 +575,9 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
         if leader:
             fresh = _check_run_dir(parser, cfg, cfg_ns)
             if fresh != checked_fresh:  # another process published or removed a checkpoint meanwhile
+                if finished is not None:
+                    finished = None
+                    preflight.check_scenario(cfg)
                 inputs = resume_checks.check_inputs(cfg, resume=not fresh)
             ranks = cfg.devices * cfg.num_nodes
             if cfg.overwrite and not cfg.resume:
@@ -598,34 +594,40 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
             resume_checks.record_inputs(cfg, inputs, fresh, parser)
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
+        if finished is not None:  # what the engine prints and returns for it, without Fabric or a model
+            folder, results = finished
+            if leader:
+                print(f"resume: continuing after round {cfg.rounds} from {folder}", file=sys.stderr)
+                print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
+            return results if leader else None
+        from fedmtl.federated.engine import run  # Fabric and the models: only for a run to train
+
         return run(cfg, config_dict=cfg_ns.as_dict())
 
 
-def finished_results(cfg: Any) -> dict[str, Any] | None:
-    """results.json of the run in ``cfg.run_dir`` when it has finished ``cfg.rounds`` rounds
-    (its latest checkpoint is that round's, its config.yaml and results.json are there and say
-    so); None otherwise. Reprinting these is what resuming a finished run does."""
+def finished_results(cfg: Any) -> tuple[Path, dict[str, Any]] | None:
+    """For a resume of a run that has finished ``cfg.rounds`` rounds, the checkpoint it would
+    resume from (that round's, intact) and its results.json; None otherwise (a run to train, or
+    a results.json lost or changed: the engine writes it again from the checkpoint)."""
     import json
 
     from fedmtl.federated import checkpoint
 
     run_dir = Path(cfg.run_dir)
-    if not cfg.resume or not (run_dir / "config.yaml").is_file():  # a lost config.yaml: fit restores it
+    if not cfg.resume:
         return None
-    folder = checkpoint.latest(run_dir)
-    if folder is None or folder.name != checkpoint.round_name(cfg.rounds):
-        return None
+    folder, note = checkpoint.resumable(run_dir)
+    if folder is None or note is not None or folder.name != checkpoint.round_name(cfg.rounds):
+        return None  # the engine says why it resumes from another folder
     try:
         results = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):  # missing or damaged: the engine writes it again from the checkpoint
+    except (OSError, ValueError):
         return None
-    if (
-        not isinstance(results, dict)
-        or results.get("rounds") != cfg.rounds
-        or not isinstance(results.get("clients"), dict)
-    ):
+    if not isinstance(results, dict) or results.get("rounds") != cfg.rounds:
         return None
-    return results
+    if not isinstance(results.get("clients"), dict):
+        return None
+    return folder, results
 
 
 def _evaluate(args: Namespace, command: str) -> None:

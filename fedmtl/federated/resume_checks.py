@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from fedmtl.config import DataConfig
+from fedmtl.data.datasets import DATASETS, dataset_root
 from fedmtl.data.layout import SPLITS, read_split
 from fedmtl.federated import checkpoint, rundir
 from fedmtl.federated.integrity import SHOWN, sha256_file
+from fedmtl.federated.scenario import count_clients
 from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no temporary file left
 
 FINGERPRINT = "data_fingerprint.json"
@@ -45,8 +47,6 @@ def _relative(path: Path, folder: Path) -> str:
 def data_fingerprint(cfg: Any) -> dict[str, Any]:
     """Per dataset the run reads: its split files (sha256, image count) and the size of every
     file the loaders read for the run's tasks, by path relative to the dataset folder."""
-    from fedmtl.data.datasets import DATASETS, dataset_root  # the data stack: not for check_config
-
     out: dict[str, Any] = {}
     for name in sorted({g.dataset for g in cfg.clients}):
         spec = DATASETS.get(name)
@@ -149,8 +149,6 @@ def check_inputs(cfg: Any, resume: bool, doing: str = "resume") -> dict[str, Any
     """The leader, before any process starts or anything is written: a resumed (or validated)
     run's checkpoint holds finite states only, and its data is the run's. Returns the data's
     fingerprint, for :func:`record_inputs`."""
-    from fedmtl.federated.scenario import count_clients  # the model stack: not for check_config
-
     run_dir = Path(cfg.run_dir)
     fingerprint = data_fingerprint(cfg)
     if not resume:

@@ -22,6 +22,7 @@ exits non-zero, before anything is written (``fedmtl.federated.preflight``, ``ru
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -314,7 +315,7 @@ def _report(args: Namespace) -> None:
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedmtl", description="Hetero-client federated multi-task learning.")
-    parser.add_argument("--version", action="version", version=f"fedmtl {_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="print fedmtl's version and exit")
     commands = parser.add_subcommands(dest="command")
     commands.add_subcommand("fit", _run_parser(), help="train a scenario")
     commands.add_subcommand("validate", _eval_parser(), help="evaluate a run's latest checkpoint")
@@ -364,6 +365,17 @@ def _version() -> str:
         return metadata.version("fedmtl")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: reads the package metadata only when given, not for every command."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        print(f"fedmtl {_version()}")
+        parser.exit()
 
 
 def _is_leader() -> bool:

@@ -22,6 +22,7 @@ exits non-zero, before anything is written (``fedmtl.federated.preflight``, ``ru
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -345,6 +346,7 @@ def _report(args: Namespace) -> None:
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedmtl", description="Hetero-client federated multi-task learning.")
+    parser.add_argument("--version", action=_VersionAction, help="print fedmtl's version and exit")
     commands = parser.add_subcommands(dest="command")
     commands.add_subcommand("fit", _run_parser(), help="train a scenario")
     commands.add_subcommand("validate", _eval_parser(), help="evaluate a run's latest checkpoint")
@@ -384,6 +386,27 @@ def _parser() -> ArgumentParser:
     _add_configs_command(commands)
     commands.add_subcommand("report", _report_parser(), help="compare finished runs: a table with Δm, curves")
     return parser
+
+
+def _version() -> str:
+    """fedmtl's version, from the installed package's metadata."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fedmtl")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: reads the package metadata only when given, not for every command."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        print(f"fedmtl {_version()}")
+        parser.exit()
 
 
 def _is_leader() -> bool:
@@ -588,17 +611,31 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
 
 
 def _fit(parser: ArgumentParser, args: Namespace) -> None:
+    cfg_ns = args.clone()
+    cfg_ns.pop("config", None)
+    summary = fit_namespace(parser, cfg_ns)
+    if summary is not None:  # global rank 0
+        results = Path(cfg_ns.run_dir) / "results.json"
+        print(format_results(summary, str(results)))
+        print(f"results: {results}")
+        if summary.get("server"):
+            print(format_server_values(summary["server"]))
+        for label, names in summary.get("nonfinite", {}).items():
+            print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
+
+
+def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] | None:
+    """Check the whole config of ``cfg_ns`` (the run parser's, ``config`` left out), write
+    RUN_DIR/config.yaml and train: what ``fedmtl fit`` and :func:`fedmtl.fit` both do. Returns
+    the results summary on global rank 0, None on the other ranks; a refusal raises."""
     import contextlib
 
     # Here, not at the top: the engine and the resume checks import the data and model stack,
     # which `fedmtl --help` and the other quick commands never need (tests/test_startup.py).
     from fedmtl.federated import manifest, preflight, resume_checks, rundir, runlock
-    from fedmtl.federated.engine import run
     from fedmtl.federated.scenario import count_clients
     from fedmtl.federated.store import atomic_write_text  # a full disk: one line, no empty config.yaml
 
-    cfg_ns = args.clone()
-    cfg_ns.pop("config", None)
     rundir.check_path(cfg_ns.get("run_dir"), "fit")  # an empty run_dir, ".", ~ or / before anything else
     cfg = _instantiate(parser, cfg_ns)  # RunConfig's own checks run too
     # Everything is checked before anything is written: the run directory, the machine, the
@@ -610,7 +647,10 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
     preflight.check_environment(cfg)
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
     _ensure_data(cfg)
-    preflight.check_scenario(cfg)
+    # A finished run, resumed, only reprints its results: no model is built, so none is checked
+    finished = None if fresh else finished_results(cfg)
+    if finished is None:
+        preflight.check_scenario(cfg)
     inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
     if leader:  # once, after every check passed (a refusal stays one line), before the run writes
@@ -623,6 +663,9 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
         if leader:
             fresh = _check_run_dir(parser, cfg, cfg_ns)
             if fresh != checked_fresh:  # another process published or removed a checkpoint meanwhile
+                if finished is not None:
+                    finished = None
+                    preflight.check_scenario(cfg)
                 inputs = resume_checks.check_inputs(cfg, resume=not fresh)
             ranks = cfg.devices * cfg.num_nodes
             if cfg.overwrite and not cfg.resume:
@@ -639,14 +682,40 @@ def _fit(parser: ArgumentParser, args: Namespace) -> None:
             resume_checks.record_inputs(cfg, inputs, fresh, parser)
             if cfg.logger.wandb:
                 rundir.wandb_run_id(run_dir)  # before Fabric starts other processes, which read it
-        summary = run(cfg, config_dict=cfg_ns.as_dict())
-        if summary is not None:  # global rank 0
-            print(format_results(summary, str(run_dir / "results.json")))
-            print(f"results: {run_dir / 'results.json'}")
-            if summary.get("server"):
-                print(format_server_values(summary["server"]))
-            for label, names in summary.get("nonfinite", {}).items():
-                print(f"warning: the {label} model of {', '.join(names)} is not finite (NaN/inf): no metrics")
+        if finished is not None:  # what the engine prints and returns for it, without Fabric or a model
+            folder, results = finished
+            if leader:
+                print(f"resume: continuing after round {cfg.rounds} from {folder}", file=sys.stderr)
+                print(f"resume: the run finished its {cfg.rounds} rounds; its results:", file=sys.stderr)
+            return results if leader else None
+        from fedmtl.federated.engine import run  # Fabric and the models: only for a run to train
+
+        return run(cfg, config_dict=cfg_ns.as_dict())
+
+
+def finished_results(cfg: Any) -> tuple[Path, dict[str, Any]] | None:
+    """For a resume of a run that has finished ``cfg.rounds`` rounds, the checkpoint it would
+    resume from (that round's, intact) and its results.json; None otherwise (a run to train, or
+    a results.json lost or changed: the engine writes it again from the checkpoint)."""
+    import json
+
+    from fedmtl.federated import checkpoint
+
+    run_dir = Path(cfg.run_dir)
+    if not cfg.resume:
+        return None
+    folder, note = checkpoint.resumable(run_dir)
+    if folder is None or note is not None or folder.name != checkpoint.round_name(cfg.rounds):
+        return None  # the engine says why it resumes from another folder
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(results, dict) or results.get("rounds") != cfg.rounds:
+        return None
+    if not isinstance(results.get("clients"), dict):
+        return None
+    return folder, results
 
 
 def _evaluate(args: Namespace, command: str) -> None:
@@ -825,6 +894,17 @@ def _client_group_options(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # stdout's reader left (`fedmtl configs | head -3`): stop quietly, as `yes | head` does.
+        # Python's "Note on SIGPIPE": point stdout at devnull so its flush at exit cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # 141: killed by SIGPIPE, the shell's code for a closed pipe
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         argv = _check_config_files(argv)
@@ -899,6 +979,8 @@ def _command(args: Namespace, argv: list[str]) -> int:
         return stop.exit_code
     except stopping.PeerFailed:
         return 1  # the rank that failed said why
+    except BrokenPipeError:
+        raise  # stdout closed early: main stops quietly
     except (OSError, RuntimeError) as err:
         from fedmtl.files import os_failure
 

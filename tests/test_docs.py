@@ -24,3 +24,9 @@ def test_the_docs_build_strictly(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert (site / "index.html").is_file()
     assert (site / "methods" / "index.html").is_file()
+    # Docstring tables render as tables: the hook table a method author reads, the Swin key map
+    assert "<td><code>server_step</code></td>" in (site / "reference" / "methods" / "index.html").read_text()
+    assert (
+        "<td><code>patch_embed.norm.*</code></td>"
+        in (site / "reference" / "models" / "index.html").read_text()
+    )

@@ -3,8 +3,8 @@
 :class:`RunRecord` is checkpointed with the server state (history and traffic) and builds the
 results file: the final metrics per client and task of the model the method reports, those of
 any other model it evaluates, the server's values, per-task summaries, the communication cost,
-the availability totals, the unified model's tasks, the held-out clients, and each client's
-training images and dominant-class histogram.
+the availability totals, the unified model's tasks, the held-out clients, each client's
+training images and dominant-class histogram, and the versions of the software that ran it.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ class RunRecord:
             "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
             # What changes a metric's number: fedmtl report compares only runs scored alike
             "scoring": self.scoring(),
+            # What computed it: fedmtl report and a resume never compare it (a rerun may differ here only)
+            "versions": versions(),
         }
         if self.cfg.availability.enabled:
             summary["availability"] = self._availability_totals(rounds)
@@ -185,3 +187,49 @@ class RunRecord:
             mean = None if any(v is None for v in values) else sum(values) / len(values)
             out[f"{dataset}/{task}"] = {name: mean, "clients": [specs[i].name for i in owners]}
         return out
+
+
+def versions() -> dict[str, str | None]:
+    """The ``"versions"`` block of results.json: fedmtl's, torch's, Lightning's and Python's
+    versions, and ``git_commit``, the commit of the fedmtl checkout it ran from (None when
+    fedmtl is not run from a git checkout, or git is missing)."""
+    import platform
+    from importlib import metadata
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "fedmtl": version("fedmtl"),
+        "torch": version("torch"),
+        "lightning": version("lightning"),
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+    }
+
+
+def git_commit() -> str | None:
+    """HEAD of the git checkout that holds this fedmtl package; None when it is installed
+    outside one (a wheel in site-packages, even inside another repository) or git cannot tell."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]  # fedmtl/federated/results.py -> the checkout
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.split()
+    if len(lines) != 2 or Path(lines[0]).resolve() != root:
+        return None
+    return lines[1]

@@ -5,24 +5,22 @@ A :class:`Method` *is* an :class:`~fedmtl.aggregation.Aggregator` (the server st
 client-side hooks that the round loop calls around local training. Every hook has a default
 that gives plain FedAvg-style behaviour, so a method overrides only what makes it different:
 
-=====================  ==========================================================  =================
-hook                   what it decides                                             e.g.
-=====================  ==========================================================  =================
-``server_step``        the server step: the round's rows in, new parameters out    every method
-``encoder_rows``       which rows of each client's encoder the step reads          FedOpt, FedHCA2
-``setup``              checks the method against the run (rounds, clients)         FedSTA, MaT-FL
-``participants``       which clients train this round (``participation``)          all methods
-``init_client``        the client's personal state; may re-initialise the model    Ditto, FedBABU
-``frozen``             modules left out of the optimiser this round                FedBABU, FedSTA
-``penalty``            a proximal term added to the loss, anchored at a snapshot   FedProx, FedAMP
-``local_update``       the whole local step (default: one track, E epochs)         Ditto
-``receive``            where the server's output goes (default: into the model)    FedAMP
-``receive_heads``      the same for heads, when the method shares them             FedAvg (unified)
-``finish``             work after the last round (never fed back to the server)    FedBABU
-``evaluated_models``   which model(s) are evaluated, the paper's first             Ditto, FedBABU
-``shared_parts``       the parts it shares: sent each round, given to new clients  FedPer, Local
-``exchange``           what a client sends and receives in a round (its cost)      FedAMP, FedSTA
-=====================  ==========================================================  =================
+| hook                 | what it decides                                            | e.g.             |
+|----------------------|------------------------------------------------------------|------------------|
+| ``server_step``      | the server step: the round's rows in, new parameters out   | every method     |
+| ``encoder_rows``     | which rows of each client's encoder the step reads         | FedOpt, FedHCA2  |
+| ``setup``            | checks the method against the run (rounds, clients)        | FedSTA, MaT-FL   |
+| ``participants``     | which clients train this round (``participation``)         | all methods      |
+| ``init_client``      | the client's personal state; may re-initialise the model   | Ditto, FedBABU   |
+| ``frozen``           | modules left out of the optimiser this round               | FedBABU, FedSTA  |
+| ``penalty``          | a proximal term added to the loss, anchored at a snapshot  | FedProx, FedAMP  |
+| ``local_update``     | the whole local step (default: one track, E epochs)        | Ditto            |
+| ``receive``          | where the server's output goes (default: into the model)   | FedAMP           |
+| ``receive_heads``    | the same for heads, when the method shares them            | FedAvg (unified) |
+| ``finish``           | work after the last round (never fed back to the server)   | FedBABU          |
+| ``evaluated_models`` | which model(s) are evaluated, the paper's first            | Ditto, FedBABU   |
+| ``shared_parts``     | the parts it shares: sent each round, given to new clients | FedPer, Local    |
+| ``exchange``         | what a client sends and receives in a round (its cost)     | FedAMP, FedSTA   |
 
 The server step is written once, as :meth:`Method.server_step`: it takes the encoder rows
 the method names (``encoder_rows``, made by ``encoder_row``) as

@@ -7,19 +7,20 @@ with :func:`from_mmseg_swin` before matching names (``fedmtl.models.backbone.loa
 
 Key map (mmseg name, without its ``backbone.`` prefix -> fedmtl ``Encoder`` state-dict name):
 
-===============================================  ==============================================
-``patch_embed.projection.*``                     ``body.patch_embed.proj.*``
-``patch_embed.norm.*``                           ``body.patch_embed.norm.*``
-``stages.i.blocks.j.norm1.*`` / ``norm2.*``      ``body.layers_i.blocks.j.norm1.*`` / ``norm2.*``
-``stages.i.blocks.j.attn.w_msa.X``               ``body.layers_i.blocks.j.attn.X`` (X: qkv.*,
-                                                 proj.*, relative_position_bias_table)
-``stages.i.blocks.j.ffn.layers.0.0.*``           ``body.layers_i.blocks.j.mlp.fc1.*``
-``stages.i.blocks.j.ffn.layers.1.*``             ``body.layers_i.blocks.j.mlp.fc2.*``
-``stages.i.downsample.norm.*``                   ``body.layers_{i+1}.downsample.norm.*`` (reordered)
-``stages.i.downsample.reduction.weight``         ``body.layers_{i+1}.downsample.reduction.weight``
-                                                 (input columns reordered)
-``norm{i}.*`` (i = 0..3)                         ``norms.{i}.*`` (``Encoder.norms``)
-===============================================  ==============================================
+| mmseg name | fedmtl name |
+|---|---|
+| ``patch_embed.projection.*`` | ``body.patch_embed.proj.*`` |
+| ``patch_embed.norm.*`` | ``body.patch_embed.norm.*`` |
+| ``stages.i.blocks.j.norm1.*`` / ``norm2.*`` | ``body.layers_i.blocks.j.norm1.*`` / ``norm2.*`` |
+| ``stages.i.blocks.j.attn.w_msa.X`` (X below) | ``body.layers_i.blocks.j.attn.X`` |
+| ``stages.i.blocks.j.ffn.layers.0.0.*`` | ``body.layers_i.blocks.j.mlp.fc1.*`` |
+| ``stages.i.blocks.j.ffn.layers.1.*`` | ``body.layers_i.blocks.j.mlp.fc2.*`` |
+| ``stages.i.downsample.norm.*`` | ``body.layers_{i+1}.downsample.norm.*`` (reordered) |
+| ``stages.i.downsample.reduction.weight`` | ``body.layers_{i+1}.downsample.reduction.weight`` (reordered) |
+| ``norm{i}.*`` (i = 0..3) | ``norms.{i}.*`` (``Encoder.norms``) |
+
+X is ``qkv.*``, ``proj.*`` or ``relative_position_bias_table``. Reordered: the downsample norm's
+channels and the reduction weight's input columns.
 
 Dropped: ``*.relative_position_index`` (a persistent buffer in mmseg; timm recomputes the same
 index as a non-persistent buffer: tests/test_mmseg_checkpoint.py checks the two formulas agree

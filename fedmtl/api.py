@@ -60,27 +60,40 @@ def compare(
     runs: Sequence[str | Path],
     baseline: str | None = None,
     held_out: bool = False,
-    format: str = "markdown",  # noqa: A002 - the CLI's --format
+    format: str | None = None,  # noqa: A002 - the CLI's --format
     output: str | Path | None = None,
     curves: str | Path | None = None,
     partition: str | Path | None = None,
     overwrite: bool = False,
-) -> str:
+    caption: str | None = None,
+    label: str | None = None,
+) -> str | None:
     """The table ``fedmtl report RUNS`` prints: each method's metrics (mean ± std over seeds)
     and Δm against ``baseline`` (default: the Local run), in ``format`` (markdown, csv or
-    latex). ``output``, ``curves`` (metrics over the rounds, .png or .svg) and ``partition``
-    (each client's images per dominant class) also write files; an existing one is refused
-    unless ``overwrite``. Every output is checked before any is written."""
+    latex; default: by ``output``'s suffix, else markdown; LaTeX with ``caption`` and
+    ``label``). ``output``, ``curves`` (metrics over the rounds, .png or .svg) and
+    ``partition`` (each client's images per dominant class) also write files; an existing one
+    is refused unless ``overwrite``. Every output is checked before any is written.
+
+    Returns None, writing only the partition, when the partition alone is asked for and the
+    runs have no baseline (one run, or runs without Local): there is no table to make."""
     from fedmtl import report
 
-    fmt = report.check_format(format)
+    fmt = report.check_format(format or report.format_for(output))
     report.check_outputs(output, curves, overwrite, partition)
     if held_out and curves is not None:
         raise ValueError(
-            "curves draws the federation's rounds; held-out clients are evaluated once: leave out curves"
+            "--curves draws the federation's rounds, and held-out clients are evaluated once, after the "
+            "last: leave out --curves with --held_out true"
         )
-    built = report.build_report(list(runs), baseline=baseline, held_out=held_out)
-    text = report.render(report.compute_table(built), fmt)
+    # Asked for the partition alone, the runs need no baseline: the table is left out where
+    # none can be chosen (one run's partition, runs without Local), and made where it can.
+    alone = partition is not None and all(value is None for value in (output, curves, format, baseline))
+    built = report.build_report(list(runs), baseline=baseline, held_out=held_out, need_baseline=not alone)
+    if built.baseline is None:
+        report.write_figure(partition, report.draw_partition(built), overwrite)
+        return None
+    text = report.render(report.compute_table(built), fmt, caption=caption, label=label)
     figure = report.draw_curves(built) if curves is not None else None
     drawn = report.draw_partition(built) if partition is not None else None
     if output is not None:

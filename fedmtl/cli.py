@@ -303,24 +303,14 @@ def _report_parser() -> ArgumentParser:
 def _report(args: Namespace) -> None:
     """The outputs are checked first and written last: an error leaves every file as it was."""
     from fedmtl import report
+    from fedmtl.api import compare
 
-    fmt = report.check_format(args.format or report.format_for(args.output))
-    report.check_outputs(args.output, args.curves, args.overwrite, args.partition)
-    if args.held_out and args.curves is not None:
-        raise ValueError(
-            "--curves draws the federation's rounds, and held-out clients are evaluated once, after the "
-            "last: leave out --curves with --held_out true"
-        )
-    # Asked for the partition alone, the runs need no baseline: the table is left out where
-    # none can be chosen (one run's partition, runs without Local), and printed where it can.
-    alone = args.partition is not None and all(
-        value is None for value in (args.output, args.curves, args.format, args.baseline)
-    )
-    runs = report.build_report(
-        args.runs, baseline=args.baseline, held_out=args.held_out, need_baseline=not alone
-    )
-    if runs.baseline is None:
-        report.write_figure(args.partition, report.draw_partition(runs), args.overwrite)
+    text = compare(
+        args.runs, baseline=args.baseline, held_out=args.held_out, format=args.format, output=args.output,
+        curves=args.curves, partition=args.partition, overwrite=args.overwrite, caption=args.caption,
+        label=args.label,
+    )  # fmt: skip
+    if text is None:  # the partition alone, of runs without a baseline
         print(f"partition: {args.partition}")
         print(
             f"no table: no baseline among the runs (none is {report.BASELINE_ALGORITHM}, or several are); "
@@ -328,20 +318,11 @@ def _report(args: Namespace) -> None:
             file=sys.stderr,
         )
         return
-    text = report.render(report.compute_table(runs), fmt, caption=args.caption, label=args.label)
-    figure = report.draw_curves(runs) if args.curves is not None else None
-    partition = report.draw_partition(runs) if args.partition is not None else None
     if args.output is None:
         print(text, end="")
-    else:
-        report.write_text(args.output, text, args.overwrite)
-        print(f"table: {args.output}")
-    if figure is not None:
-        report.write_figure(args.curves, figure, args.overwrite)
-        print(f"curves: {args.curves}")
-    if partition is not None:
-        report.write_figure(args.partition, partition, args.overwrite)
-        print(f"partition: {args.partition}")
+    for what, path in [("table", args.output), ("curves", args.curves), ("partition", args.partition)]:
+        if path is not None:
+            print(f"{what}: {path}")
 
 
 def _parser() -> ArgumentParser:
@@ -653,7 +634,8 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
         preflight.check_scenario(cfg)
     inputs = resume_checks.check_inputs(cfg, resume=not fresh) if leader else None  # checkpoint, data
     checked_fresh = fresh
-    if leader:  # once, after every check passed (a refusal stays one line), before the run writes
+    if leader and finished is None:  # once, after every check passed (a refusal stays one line),
+        # before the run writes; a finished run only reprints its results
         for line in preflight.warmup_warnings(cfg):
             print(line, file=sys.stderr)
     run_dir = Path(cfg.run_dir)

@@ -58,3 +58,15 @@ def test_the_demo_shortened_to_two_rounds_is_warned_for_its_single_task_group():
     ]
     assert warmup_warnings(_demo()) == []  # the demo itself, 10 rounds
     assert warmup_warnings(_demo("--rounds", "4")) == []  # the fewest the warning names
+
+
+def test_the_readmes_shorter_demo_is_not_warned():
+    import re
+    from pathlib import Path
+
+    from fedmtl.federated.preflight import warmup_warnings
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    shorter = re.search(r"`(--rounds \d+) --run_dir runs/demo-short`", readme.read_text())
+    assert shorter, "the README's shorter demo run is gone: update this test"
+    assert warmup_warnings(_demo(*shorter.group(1).split())) == []

@@ -19,15 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import Metric
 
 from fedmtl import losses
 from fedmtl.config import EvaluationConfig
-from fedmtl.metrics import DepthRMSE, EdgeODSF, MeanIoU, NormalsMeanError, SaliencyMaxF
 from fedmtl.registry import Registry
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -74,6 +76,14 @@ HUMAN_PART_CLASSES = 7  # background + 6 parts
 EDGE_MAX_DIST = {"pascal_context": 0.0075, "nyud": 0.011}
 
 
+def _metrics():
+    """fedmtl.metrics, imported when a metric is first made: torchmetrics takes seconds to
+    import, and the commands that only check a config or reprint a run never score."""
+    import fedmtl.metrics
+
+    return fedmtl.metrics
+
+
 def _argmax(pred: torch.Tensor) -> torch.Tensor:
     return pred.argmax(dim=1)
 
@@ -103,7 +113,9 @@ TASKS.add(
         loss=losses.cross_entropy,
         loss_weight=1.0,
         postprocess=_argmax,
-        make_metric=lambda dataset, evaluation, **kw: MeanIoU(num_classes=SEMSEG_CLASSES[dataset], **kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().MeanIoU(
+            num_classes=SEMSEG_CLASSES[dataset], **kw
+        ),
         metric_name="mIoU",
         lower_is_better=False,
     ),
@@ -116,7 +128,9 @@ TASKS.add(
         loss=losses.cross_entropy,
         loss_weight=2.0,
         postprocess=_argmax,
-        make_metric=lambda dataset, evaluation, **kw: MeanIoU(num_classes=HUMAN_PART_CLASSES, **kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().MeanIoU(
+            num_classes=HUMAN_PART_CLASSES, **kw
+        ),
         metric_name="mIoU",
         lower_is_better=False,
     ),
@@ -129,7 +143,7 @@ TASKS.add(
         loss=losses.balanced_cross_entropy,
         loss_weight=5.0,
         postprocess=_foreground_probability,
-        make_metric=lambda dataset, evaluation, **kw: SaliencyMaxF(**kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().SaliencyMaxF(**kw),
         metric_name="maxF",
         lower_is_better=False,
     ),
@@ -142,7 +156,7 @@ TASKS.add(
         loss=partial(losses.l1, normalize=True),
         loss_weight=10.0,
         postprocess=_unit_normals,
-        make_metric=lambda dataset, evaluation, **kw: NormalsMeanError(**kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().NormalsMeanError(**kw),
         metric_name="mErr",
         lower_is_better=True,
     ),
@@ -155,7 +169,7 @@ TASKS.add(
         loss=partial(losses.balanced_bce, pos_weight=0.95),
         loss_weight=50.0,
         postprocess=_edge_probability,
-        make_metric=lambda dataset, evaluation, **kw: EdgeODSF(
+        make_metric=lambda dataset, evaluation, **kw: _metrics().EdgeODSF(
             max_dist=EDGE_MAX_DIST[dataset], thin_gt=evaluation.edge_thin_gt, **kw
         ),
         metric_name="odsF",
@@ -170,7 +184,7 @@ TASKS.add(
         loss=losses.l1,
         loss_weight=1.0,
         postprocess=_depth,
-        make_metric=lambda dataset, evaluation, **kw: DepthRMSE(**kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().DepthRMSE(**kw),
         metric_name="RMSE",
         lower_is_better=True,
     ),

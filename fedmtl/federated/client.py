@@ -1,4 +1,5 @@
-"""A client: its typed description and the LightningModule that says what one step is.
+"""A client: the LightningModule that says what one step is (its description, ``ClientSpec``,
+lives in ``spec.py``, which the checks import without Lightning).
 
 The module holds the client's ``MultiTaskModel`` (encoder, decoders, heads) and its task
 metrics; *when* steps run is the round loop's business (``fedmtl.federated.engine``).
@@ -9,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -17,40 +17,13 @@ from timm.scheduler import CosineLRScheduler
 from torch import nn
 
 from fedmtl.config import EvaluationConfig, ModelConfig, OptimizerConfig
+from fedmtl.federated.spec import ClientSpec  # here too, where the client is
 from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import get_task, sharded_multi_task_loss
 
 # timm warns, for every optimiser it builds, that a one-epoch cosine does not anneal: true
 # and harmless (a one-round run, FedBABU's fine-tuning), and noise in every log.
 logging.getLogger("timm.scheduler.cosine_lr").setLevel(logging.ERROR)
-
-
-@dataclass(frozen=True)
-class ClientSpec:
-    """One client of a scenario: who it is, what it learns, on which data."""
-
-    name: str
-    dataset: str
-    tasks: tuple[str, ...]
-    local_epochs: int
-    batch_size: int
-    train_indices: tuple[int, ...]  # its partition of the dataset's training split
-    optimizer: OptimizerConfig = OptimizerConfig()
-    loss_shards: int = 1  # parts of a batch normalised on their own (ClientGroup.loss_shards)
-    # A held-out client's fine-tuning epochs after the federation; None: a federated client.
-    fine_tune_epochs: int | None = None
-    group: int = 0  # its client group: the index of its entry in the config's ``clients`` list
-
-    @property
-    def single_task(self) -> bool:
-        return len(self.tasks) == 1
-
-    @property
-    def cost(self) -> float:
-        """Expected training work per round, for balancing clients across devices: images
-        seen, times the share of the network those images run through (an encoder costs
-        about as much as two decoders with heads)."""
-        return self.local_epochs * len(self.train_indices) * (2 + len(self.tasks))
 
 
 class ClientModule(L.LightningModule):

@@ -21,9 +21,8 @@ from fedmtl.data.check import check_hint, check_sample
 from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
 from fedmtl.data.layout import link_problem, read_split
 from fedmtl.data.transforms import LargerThanEvalSize
-from fedmtl.federated.client import ClientModule, ClientSpec
 from fedmtl.federated.scenario import build_scenario
-from fedmtl.federated.training import warmup_start_epochs
+from fedmtl.federated.spec import ClientSpec
 
 _LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 CONTENT_SAMPLE = 32  # images per split and dataset whose labels fit decodes before writing
@@ -83,6 +82,8 @@ def warmup_warnings(cfg: RunConfig) -> list[str]:
     config with a warm-up) does so without any other sign. Held-out groups fine-tune at a
     constant rate, so they are not checked; Ditto's personal track follows the same schedule
     over the same epochs unless ``personal_epochs`` is set."""
+    from fedmtl.federated.training import warmup_start_epochs  # timm's scheduler: when asked
+
     lines = []
     for g, group in enumerate(cfg.clients):
         opt = group.optimizer
@@ -251,6 +252,8 @@ def _check_model(cfg: RunConfig, spec: ClientSpec, img_size: tuple[int, ...]) ->
     """Build the client's model (backbone name, pretrained file) and run it once at ``img_size``;
     returns the bytes of a client state of it once trained: its state dict and two AdamW
     moments of each parameter."""
+    from fedmtl.federated.client import ClientModule  # Lightning and timm: only to check a model
+
     module = ClientModule(spec, cfg.model, total_epochs=1, img_size=(int(img_size[0]), int(img_size[1])))
     module.eval()
     try:

@@ -17,9 +17,9 @@ from typing import Any
 from fedmtl.aggregation import communication
 from fedmtl.config import RunConfig
 from fedmtl.federated import availability, evaluation, held_out, scoring
-from fedmtl.federated.client import ClientSpec
 from fedmtl.federated.clients import Clients
 from fedmtl.federated.scenario import TrainedImages, class_histograms
+from fedmtl.federated.spec import ClientSpec
 from fedmtl.methods.base import Method
 from fedmtl.tasks import get_task
 

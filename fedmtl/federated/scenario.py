@@ -13,7 +13,7 @@ from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset, one_line
 from fedmtl.data.dominant import class_histogram, dominant_classes
 from fedmtl.data.layout import read_split
 from fedmtl.data.partition import MAX_DRAWS, partition_clients
-from fedmtl.federated.client import ClientSpec
+from fedmtl.federated.spec import ClientSpec
 from fedmtl.seeds import derive_seed
 from fedmtl.tasks import check_tasks
 

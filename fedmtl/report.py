@@ -746,6 +746,13 @@ def default_caption(table: Table) -> str:
     )
 
 
+def latex_document(table: str, *preamble: str) -> str:
+    """A document that compiles on its own around ``table`` (:func:`render_latex`'s text):
+    booktabs, then ``preamble`` lines (a page geometry wide enough for many columns)."""
+    head = [r"\documentclass{article}", *preamble, r"\usepackage{booktabs}", r"\pagestyle{empty}"]
+    return "\n".join([*head, r"\begin{document}", table, r"\end{document}", ""])
+
+
 def render_latex(table: Table, caption: str | None = None, label: str | None = None) -> str:
     """A booktabs ``table``: the caption (LaTeX, as given) and label above a two-level header,
     dataset (or client, :func:`column_groups`) over ``task metric arrow``; the best mean of

@@ -21,6 +21,21 @@ def api_run(module_dir, data_root) -> tuple[Path, Path, dict]:
     return config, run_dir, summary
 
 
+def fit_argv(config: Path, run_dir: Path) -> list[str]:
+    """``fedmtl fit``'s arguments for the run ``api_run`` makes through ``fedmtl.fit``."""
+    return [
+        "fit",
+        "--config",
+        str(config),
+        "--run_dir",
+        str(run_dir),
+        "--rounds",
+        "2",
+        "--evaluation.every",
+        "1",
+    ]
+
+
 def test_fit_writes_config_yaml_and_results_that_validate_reads(api_run, capsys):
     config, run_dir, summary = api_run
     assert summary == json.loads((run_dir / "results.json").read_text())
@@ -41,21 +56,7 @@ def test_fit_refuses_a_run_dir_holding_a_run_as_the_cli_does(api_run, capsys):
     with pytest.raises(ValueError) as refused:
         fedmtl.fit(str(config), run_dir=str(run_dir), rounds=2, **{"evaluation.every": 1})
     assert file_hashes(run_dir) == before
-    cli = refused_keeping(
-        [
-            "fit",
-            "--config",
-            str(config),
-            "--run_dir",
-            str(run_dir),
-            "--rounds",
-            "2",
-            "--evaluation.every",
-            "1",
-        ],
-        run_dir,
-        capsys,
-    )
+    cli = refused_keeping(fit_argv(config, run_dir), run_dir, capsys)
     assert cli == [f"error: {refused.value}"]
 
 
@@ -134,17 +135,7 @@ def test_a_finished_run_is_reprinted_without_the_simulation(api_run, capsys, mon
     monkeypatch.setattr(engine, "run", built)
     before = file_hashes(run_dir)
     capsys.readouterr()
-    argv = [
-        "fit",
-        "--config",
-        str(config),
-        "--run_dir",
-        str(run_dir),
-        "--rounds",
-        "2",
-        "--evaluation.every",
-        "1",
-    ]
+    argv = fit_argv(config, run_dir)
     assert main([*argv, "--resume", "true"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(format_results(summary) + f"\nresults: {run_dir / 'results.json'}\n")

@@ -119,15 +119,7 @@ def test_latex_defaults_name_the_baseline_and_seeds():
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 def test_the_latex_table_compiles(tmp_path):
-    document = "\n".join(
-        [
-            r"\documentclass{article}",
-            r"\usepackage{booktabs}",
-            r"\begin{document}",
-            report.render(TABLE, "latex"),
-            r"\end{document}",
-        ]
-    )
+    document = report.latex_document(report.render(TABLE, "latex"))
     (tmp_path / "table.tex").write_text(document, encoding="utf-8")
     done = subprocess.run(
         ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],

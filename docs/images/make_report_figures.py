@@ -76,17 +76,8 @@ def write_run(folder: Path, algorithm: str, seed: int) -> None:
 
 
 def table_png(table: report.Table, target: Path, work: Path) -> None:
-    document = "\n".join(
-        [
-            r"\documentclass{article}",
-            r"\usepackage[paperwidth=45cm,paperheight=12cm,margin=1cm]{geometry}",  # the table's width
-            r"\usepackage{booktabs}",
-            r"\pagestyle{empty}",
-            r"\begin{document}",
-            report.render(table, "latex"),
-            r"\end{document}",
-        ]
-    )
+    geometry = r"\usepackage[paperwidth=45cm,paperheight=12cm,margin=1cm]{geometry}"  # the table's width
+    document = report.latex_document(report.render(table, "latex"), geometry)
     (work / "table.tex").write_text(document, encoding="utf-8")
     command = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"]
     subprocess.run(command, cwd=work, check=True, capture_output=True)

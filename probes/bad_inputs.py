@@ -1121,6 +1121,52 @@ def _config_yaml_syntax(sweep: Sweep, tmp: Path) -> Plan:
     return Plan(fit(path, tmp / "run"), fresh_run=tmp / "run")
 
 
+# -- issue #37: the researcher's loop --------------------------------------------------------
+
+
+@case(
+    "clients_index_past_last", "`--clients.7.local_epochs 2` on a two-group config", names=(("clients.7",),)
+)
+def _clients_index_past_last(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run, "--clients.7.local_epochs", "2"), fresh_run=run)
+
+
+@case("logger_tags_empty", "`--logger.tags '[\"\"]'`: an empty wandb tag", names=(("logger.tags",),))
+def _logger_tags_empty(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run, "--logger.tags", '[""]'), fresh_run=run)
+
+
+@case("checkpoint_keep_zero", "`--checkpoint_keep 0`", names=(("checkpoint_keep",),))
+def _checkpoint_keep_zero(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run, "--checkpoint_keep", "0"), fresh_run=run)
+
+
+@case("train_size_below_images", "`--data.train_size [16,16]` on 32x32 data", names=(("data.train_size",),))
+def _train_size_below_images(sweep: Sweep, tmp: Path) -> Plan:
+    run = tmp / "run"
+    return Plan(fit(sweep.config(tmp), run, "--data.train_size", "[16,16]"), fresh_run=run)
+
+
+@case("synth_render_scale_zero", "`data synth --render_scale 0`", names=(("render_scale",),))
+def _synth_render_scale_zero(sweep: Sweep, tmp: Path) -> Plan:
+    root = tmp / "new"
+    argv = ["data", "synth", "--dataset", "nyud", "--root", str(root), "--render_scale", "0"]
+    return Plan(argv, fresh_run=root)
+
+
+@case(
+    "warmup_only_run",
+    "1 round of a config whose clients warm up for 5 epochs: trains at the warm-up start rate",
+    expect="warn",
+    warning=(r"warm-up", r"--rounds \d+"),
+)
+def _warmup_only_run(sweep: Sweep, tmp: Path) -> Plan:
+    return Plan(fit(sweep.config(tmp), tmp / "run"))
+
+
 # ---------------------------------------------------------------------- classification
 
 
@@ -1263,7 +1309,7 @@ def _cell(text: object) -> str:
 
 def write_table(path: Path, rows: list[Row], header: dict[str, str]) -> None:
     counts = Counter(r.outcome for r in rows)
-    lines = ["# Bad inputs (issues #10, #26, #36)", ""]
+    lines = ["# Bad inputs (issues #10, #26, #36, #37)", ""]
     lines += [f"- {key}: {_cell(value)}" for key, value in header.items()]
     lines += ["", "| outcome | cases |", "|---|---|"]
     lines += [f"| {o} | {counts[o]} |" for o in OUTCOMES if counts[o]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import pytest
 import torch
 
 from fedmtl.config import AvailabilityConfig
-from fedmtl.federated import checkpoint
 from fedmtl.federated.availability import RoundAvailability, batches_done, draw, totals
 from tests.helpers import (
     TINY_CLIENTS,
@@ -22,6 +20,7 @@ from tests.helpers import (
     fit,
     fit_in_processes,
     fit_killed_in_round,
+    keep_checkpoints,
     run_states,
     tiny_config,
 )
@@ -261,7 +260,7 @@ def test_a_round_with_every_client_unavailable_has_no_server_step_and_fedhca2_go
 
     seed = _seed_where(dropout, 3, pattern)
     config = _scenario(tmp_path, data_root, "FedHCA2", dropout, 3, seed)
-    monkeypatch.setattr(checkpoint, "publish", functools.partial(checkpoint.publish, keep=3))
+    keep_checkpoints(monkeypatch, 3)
     straight = fit(config, tmp_path / "straight")
     err = capsys.readouterr().err
     for r in (1, 3):

@@ -16,7 +16,7 @@ from PIL import Image
 from fedmtl.cli import main
 from fedmtl.data.datasets import build_dataset
 from fedmtl.data.layout import NYUDLayout, PascalContextLayout, read_split
-from tests.helpers import fit_refused, refused_keeping, tiny_config
+from tests.helpers import fit_refused, refused_keeping, stderr_lines, tiny_config
 
 
 def _first(layout, split: str = "train") -> str:
@@ -134,7 +134,7 @@ def test_a_label_changed_after_the_checks_names_the_file_in_training(tmp_path, d
     config = tiny_config(tmp_path, data, rounds=1)
     capsys.readouterr()
     assert main(["fit", "--config", str(config), "--run_dir", str(tmp_path / "run")]) == 1
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    lines = stderr_lines(capsys.readouterr().err)
     path = _pascal(data).semseg_candidates(_first(_pascal(data)))[0]
     assert len(lines) == 1 and lines[0].startswith("error: PASCAL-Context train image "), lines
     assert f"{path}: holds class value 100" in lines[0] and "Traceback" not in lines[0]

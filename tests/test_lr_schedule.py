@@ -70,3 +70,15 @@ def test_the_readmes_shorter_demo_is_not_warned():
     shorter = re.search(r"`(--rounds \d+) --run_dir runs/demo-short`", readme.read_text())
     assert shorter, "the README's shorter demo run is gone: update this test"
     assert warmup_warnings(_demo(*shorter.group(1).split())) == []
+
+
+def test_a_run_planned_forever_is_not_stepped_through_epoch_by_epoch(monkeypatch):
+    """``--rounds 100000000`` (a run until stopped) took 20 minutes in the warm-up check: its
+    cosine never comes back down to the warm-up's start, so no schedule is stepped."""
+    from fedmtl.federated import preflight, training
+
+    def stepped(cfg, total_epochs):
+        raise AssertionError(f"the schedule was stepped through {total_epochs} epochs")
+
+    monkeypatch.setattr(training, "epoch_rates", stepped)
+    assert preflight.warmup_warnings(_demo("--rounds", "100000000")) == []

@@ -75,6 +75,11 @@ def check_environment(cfg: RunConfig) -> None:
         )
 
 
+#: The warm-up check steps a group's schedule through its epochs up to this many; a longer run
+#: whose cosine floor lies below its warm-up's start is not checked.
+WARMUP_CHECKED_UP_TO = 100_000
+
+
 def warmup_warnings(cfg: RunConfig) -> list[str]:
     """One ``warning:`` line per federated client group that would spend more than half of its
     local epochs (``rounds`` x ``local_epochs``) at or below its warm-up's start rate
@@ -90,6 +95,13 @@ def warmup_warnings(cfg: RunConfig) -> list[str]:
         if group.held_out or opt.warmup_epochs == 0 or opt.warmup_lr >= opt.lr:
             continue
         total = cfg.rounds * group.local_epochs
+        if opt.min_lr > opt.warmup_lr and 2 * (opt.warmup_epochs + 1) <= total:
+            # the cosine never comes back down to the warm-up's start: at most the warm-up and the
+            # epoch after it train that slowly, not most epochs (and a run planned for 10^8
+            # rounds is never stepped through epoch by epoch here)
+            continue
+        if total > WARMUP_CHECKED_UP_TO:  # a cosine floor below the start: too long to step through
+            continue
         slow = warmup_start_epochs(opt, total)
         if 2 * slow <= total:
             continue

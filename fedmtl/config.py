@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -27,6 +28,28 @@ from fedmtl.models.backbone import DEFAULT_BACKBONE, SWIN_WINDOWS
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps")
 MIN_TRAIN_SIZE = 32  # the encoders' output stride: the deepest feature map is 1/32 of the image
 MIN_SYNTH_SIZE = 16
+
+
+def render_size(size: Sequence[int], scale: float) -> tuple[int, int]:
+    """The (height, width) a synthetic scene of ``size`` is rendered at with ``render_scale``
+    ``scale`` (``fedmtl.synth.resample`` scales it up to ``size``)."""
+    return (max(1, int(round(size[0] * scale))), max(1, int(round(size[1] * scale))))
+
+
+def render_scale_problem(size: Sequence[int], scale: float) -> str | None:
+    """Why ``render_scale`` ``scale`` cannot render ``size`` (the end of a message that names
+    the option), or None if it can: here, not in ``fedmtl.synth``, as the config checks it."""
+    if not (isinstance(scale, int | float) and 0 < scale <= 1):
+        return f"must be in (0, 1], got {scale!r} (1: render at the full size)"
+    small = render_size(size, scale)
+    if scale < 1 and min(small) < MIN_SYNTH_SIZE:
+        return (
+            f"{scale} renders {small[0]} x {small[1]} pixels for size {list(size)}, under "
+            f"{MIN_SYNTH_SIZE} a side: raise it (1: render at the full size)"
+        )
+    return None
+
+
 MAX_SEED = 2**32 - 1  # numpy's (and so Lightning's seed_everything) range
 # = fedmtl.data.pascal_context.HUMAN_PARTS_SELECTIONS, not imported: the config module stays light
 HUMAN_PARTS_SELECTIONS = ("correct", "public")
@@ -285,18 +308,8 @@ class SynthConfig:
                 f"got {list(self.size)}"
             )
         _at_least(f"{name}.seed", self.seed, 0)
-        # = fedmtl.synth.resample.render_scale_problem, not imported: the config module stays light
-        scale = self.render_scale
-        rendered = [max(1, round(v * scale)) for v in self.size] if math.isfinite(scale) else []
-        if not (0 < scale <= 1):
-            raise ValueError(
-                f"{name}.render_scale must be in (0, 1], got {scale!r} (1: render at the full size)"
-            )
-        if scale < 1 and min(rendered) < MIN_SYNTH_SIZE:
-            raise ValueError(
-                f"{name}.render_scale {scale} renders {rendered[0]} x {rendered[1]} pixels for size "
-                f"{list(self.size)}, under {MIN_SYNTH_SIZE} a side: raise it (1: render at the full size)"
-            )
+        if (problem := render_scale_problem(self.size, self.render_scale)) is not None:
+            raise ValueError(f"{name}.render_scale {problem}")
 
 
 @dataclass

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedmtl.config import DataConfig, SynthConfig
+from fedmtl.config import DataConfig, SynthConfig, render_size
 from fedmtl.synth import generate, nyud_sample, pascal_sample, sample_rng
 from fedmtl.synth.generator import boundaries, check_options
 from fedmtl.synth.render import render
-from fedmtl.synth.resample import render_size, upscale
+from fedmtl.synth.resample import upscale
 from fedmtl.synth.scenes import nyud_scene, pascal_scene
 from tests.helpers import run_cli
 

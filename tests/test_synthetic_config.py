@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from fedmtl.cli import _run_parser
-from fedmtl.config import DataConfig, RunConfig
+from fedmtl.config import DataConfig, RunConfig, render_size
 from fedmtl.data.datasets import DATASETS
 from fedmtl.federated import scenario
 from fedmtl.federated.scenario import build_clients, count_clients
 from fedmtl.synth import sample_rng
-from fedmtl.synth.resample import render_size
 from fedmtl.synth.scenes import pascal_scene
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

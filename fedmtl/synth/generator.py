@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from fedmtl.config import render_scale_problem, render_size
 from fedmtl.data import rootlock
 from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
 from fedmtl.registry import Registry
 from fedmtl.synth.render import Rendering, Scene, render
-from fedmtl.synth.resample import render_scale_problem, render_size, upscale
+from fedmtl.synth.resample import upscale
 from fedmtl.synth.scenes import (
     CONTEXT_CLASSES,
     NYU_CLASSES,

@@ -30,26 +30,6 @@ from PIL import Image
 
 from fedmtl.synth.render import Rendering
 
-MIN_RENDER_SIZE = 16  # below this a scene's objects shrink to a few pixels, or to none
-
-
-def render_size(size: tuple[int, int], scale: float) -> tuple[int, int]:
-    """The (height, width) a scene of ``size`` is rendered at with ``render_scale`` ``scale``."""
-    return tuple(max(1, int(round(v * scale))) for v in size)  # type: ignore[return-value]
-
-
-def render_scale_problem(size: tuple[int, int], scale: float) -> str | None:
-    """Why ``scale`` cannot render ``size`` (the end of a message), or None if it can."""
-    if not (isinstance(scale, int | float) and 0 < scale <= 1):
-        return f"must be in (0, 1], got {scale!r} (1: render at the full size)"
-    small = render_size(size, scale)
-    if scale < 1 and min(small) < MIN_RENDER_SIZE:
-        return (
-            f"{scale} renders {small[0]} x {small[1]} pixels for size {list(size)}, under "
-            f"{MIN_RENDER_SIZE} a side: raise it (1: render at the full size)"
-        )
-    return None
-
 
 def _grid(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each output index along one axis: its nearest source index, the two source indices

@@ -337,6 +337,8 @@ CITYSCAPES_TRAIN_IDS = {
     26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18,
 }  # fmt: skip
 CITYSCAPES_MAX_LABEL_ID = 33
+# The release's archives (leftImg8bit_trainvaltest.zip, ...) each hold one of these at the top.
+CITYSCAPES_PARTS = ("leftImg8bit", "gtFine", "disparity")
 DISPARITY_IGNORE = 255  # = fedmtl.data.transforms.IGNORE (not imported: this module stays light)
 
 

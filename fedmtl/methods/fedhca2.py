@@ -21,8 +21,8 @@ from fedmtl.methods.checks import non_negative, one_of, positive, within
 
 # Why alpha_init and beta_init lie in [0, 1], for the error that refuses one outside.
 _HYPER_INIT_RANGE = (
-    ": the hyper weight is applied as clamp(w, 0, 1) and its gradient is passed only strictly inside "
-    "(0, 1), so from outside it would never learn; the paper uses 0.1"
+    ": the hyper weight is applied as clamp(w, 0, 1) and its gradient is passed only on [0, 1] "
+    "(bounds included, as in the public code), so from outside it would never learn; the paper uses 0.1"
 )
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
 DecoderMode = Literal["none", "cross_attention", "fedavg"]
@@ -90,14 +90,18 @@ class FedHCA2(Method):
     ``torch.optim.SGD(lr=hyper_lr, momentum=hyper_momentum, weight_decay=hyper_weight_decay)``
     takes the gradients (Eq. 16-17, as the public code's autograd through clamp gives them)
 
-        ∂α_i     = −⟨Ũ^(r), Δ_i^(r+1)⟩ · 1[0 < α_i < 1]
-        ∂β_{k,l} = −Σ_{tensors t of layer l} ⟨A_{k,t}^(r), Δ_{k,t}^(r+1)⟩ · 1[0 < β_{k,l} < 1]
+        ∂α_i     = −⟨Ũ^(r), Δ_i^(r+1)⟩ · 1[0 ≤ α_i ≤ 1]
+        ∂β_{k,l} = −Σ_{tensors t of layer l} ⟨A_{k,t}^(r), Δ_{k,t}^(r+1)⟩ · 1[0 ≤ β_{k,l} ≤ 1]
 
     with Δ^(r+1) each client's / decoder's raw new delta (the public code backpropagates
     ``last − current`` parameters of the client). A weight grows when the next local update
-    agrees with the aggregated update it scaled. Outside (0, 1) the gradient is zero but
-    momentum and weight decay still act: a weight at exactly 0 with no momentum left (e.g.
-    ``alpha_init=0``) stays 0, one above 1 is applied as 1 until weight decay brings it back. The server keeps Ũ^(r) [P] and A^(r) [K, Q] between rounds for this.
+    agrees with the aggregated update it scaled. The gradient passes on the closed interval
+    [0, 1], bounds included, as torch.clamp's backward did under the public code's PyTorch
+    2.1.2 (PyTorch 2.14 made it the open interval, so the mask is computed here, not taken
+    from the installed clamp): a weight initialised at 0 or 1 learns from round 2. Outside
+    [0, 1] the gradient is zero but momentum and weight decay still act: one pushed above 1
+    is applied as 1 until weight decay (or momentum) brings it back, one pushed below 0 is
+    applied as 0. The server keeps Ũ^(r) [P] and A^(r) [K, Q] between rounds for this.
 
     α and β (and their momentum) are float64 on the CPU, so they are identical on every rank
     and device; Ũ and A stay in the inputs' dtype and device. Rounds must be consecutive
@@ -271,8 +275,9 @@ class FedHCA2(Method):
         return out
 
     def _step(self, weight: Tensor, gradient: Tensor) -> None:
-        """One SGD step of α or β, with the gradient passed only strictly inside (0, 1)."""
-        inside = (weight > 0) & (weight < 1)
+        """One SGD step of α or β, with the gradient passed on the closed interval [0, 1]."""
+        # Bounds included: the public code's autograd through clamp under PyTorch 2.1.2.
+        inside = (weight >= 0) & (weight <= 1)
         weight.grad = torch.where(inside, gradient.to(torch.float64), 0.0)
         # One optimiser holds α and β: a step moves only those with a gradient set.
         self._optimizer.step()

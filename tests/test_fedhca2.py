@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from fedmtl.aggregation import (
     cross_attention_update_flat,
     decoder_owners_of,
 )
+from fedmtl.aggregation.base import homogeneous_groups
 from fedmtl.methods import (
     METHODS,
     FedAvg,
@@ -25,6 +27,9 @@ from fedmtl.methods import (
     create_method,
 )
 from fedmtl.models import FCNDecoder
+from tests.helpers import refused_keeping, tiny_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 DTYPES = [torch.float32, torch.float64]
 LR, MOMENTUM, WD = 0.01, 0.9, 1e-4  # the defaults, suppl. C
@@ -422,6 +427,83 @@ def test_homogeneous_groups_share_their_mean_delta_and_decoders_keep_their_own(d
     torch.testing.assert_close(out.encoders, expected)
     attention = cross_attention_update_flat(inputs.decoder_deltas, DECODER_LAYOUT)
     torch.testing.assert_close(out.decoders, inputs.decoders_prev + inputs.decoder_deltas + 0.1 * attention)
+
+
+# Where the two rules differ: a non-adjacent twin (0 and 2) and the same task set in another
+# order (3 and 4); 4 and 5 are adjacent twins with one ordered task list.
+RULE_CLIENTS = [
+    ClientInfo("p-semseg-0", "pascal_context", ("semseg",), 5),
+    ClientInfo("n-semseg", "nyud", ("semseg",), 5),
+    ClientInfo("p-semseg-1", "pascal_context", ("semseg",), 5),
+    ClientInfo("p-semseg+sal", "pascal_context", ("semseg", "sal"), 5),
+    ClientInfo("p-sal+semseg-0", "pascal_context", ("sal", "semseg"), 5),
+    ClientInfo("p-sal+semseg-1", "pascal_context", ("sal", "semseg"), 5),
+]
+
+
+def test_the_two_homogeneous_rules_by_hand():
+    assert homogeneous_groups(RULE_CLIENTS) == [[0, 2], [1], [3, 4, 5]]
+    assert homogeneous_groups(RULE_CLIENTS, "same_tasks") == [[0, 2], [1], [3, 4, 5]]
+    assert homogeneous_groups(RULE_CLIENTS, "adjacent") == [[0], [1], [2], [3], [4, 5]]
+
+
+def test_the_public_rule_keeps_a_non_adjacent_twin_on_its_own_delta():
+    """GROUP_CLIENTS: p0 and p1 share dataset and tasks but stand apart (n0 between them):
+    under ``adjacent`` every client keeps its own delta, + 0.1·Ũ."""
+    inputs = _group_round()
+    assert inputs.homogeneous_groups("adjacent") == [[0], [1], [2], [3]]
+    out = FedHCA2(homogeneous_groups="adjacent").aggregate(inputs)
+    d = inputs.encoder_deltas
+    expected = inputs.encoders_prev + d + 0.1 * conflict_averse_update(d, 0.4)
+    torch.testing.assert_close(out.encoders, expected)
+
+
+def test_an_unknown_homogeneous_rule_is_refused():
+    with pytest.raises(
+        ValueError, match=r"^algorithm.homogeneous_groups must be one of \['same_tasks', 'adjacent'\]"
+    ):
+        FedHCA2(homogeneous_groups="ordered")
+
+
+def test_an_unknown_homogeneous_rule_is_one_error_line(tmp_path, data_root, capsys):
+    config = tiny_config(tmp_path, data_root)
+    command = ["fit", "--config", str(config), "--run_dir", str(tmp_path / "run"), "--algorithm", "FedHCA2"]
+    lines = refused_keeping([*command, "--algorithm.homogeneous_groups", "ordered"], tmp_path, capsys)
+    (line,) = [line for line in lines if line.startswith("error:")]
+    assert line.startswith("error: algorithm.homogeneous_groups must be one of ['same_tasks', 'adjacent']")
+    assert "adjacent only consecutive ones" in line
+    assert not (tmp_path / "run").exists()
+
+
+SCENARIO_CONFIGS = [
+    CONFIGS / "scenario1.yaml",
+    CONFIGS / "scenario2.yaml",
+    *sorted((CONFIGS / "variants").glob("*.yaml")),
+    CONFIGS / "benchmark" / "scenario1.yaml",
+    CONFIGS / "benchmark" / "scenario2.yaml",
+]
+
+
+@pytest.mark.parametrize("path", SCENARIO_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_two_rules_agree_on_every_bundled_scenario(monkeypatch, path):
+    """The paper's scenarios (1C, 2C, 4C and the ST/MT-only variants) and the benchmark's, as
+    their configs build the clients (a group's replicas consecutive): equal groups."""
+    from fedmtl.cli import _run_parser
+    from fedmtl.config import RunConfig
+    from fedmtl.federated import scenario
+
+    # The clients without the data: a split size and every image trained on suffice here.
+    monkeypatch.setattr(scenario, "train_split_size", lambda cfg, dataset: 4000)
+    monkeypatch.setattr(
+        scenario.TrainedImages, "__call__", lambda self, dataset, tasks, indices: list(indices)
+    )
+    parser = _run_parser()
+    cfg = RunConfig.from_namespace(parser.instantiate(parser.parse_path(str(path))))
+    clients = [ClientInfo(c.name, c.dataset, tuple(c.tasks), 1) for c in scenario.build_clients(cfg)]
+    same = homogeneous_groups(clients, "same_tasks")
+    assert homogeneous_groups(clients, "adjacent") == same
+    if "_2c" in path.name or "_4c" in path.name:  # the replicas do share a group
+        assert max(len(group) for group in same) == int(path.stem[-2])
 
 
 def _expected(inputs, encoder, decoder):

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.base import HOMOGENEOUS_RULES, RoundInput, RoundOutput
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     cross_attention_update_flat,
@@ -17,7 +17,7 @@ from fedmtl.aggregation.functional import (
 )
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import Method, register_method
-from fedmtl.methods.checks import non_negative, one_of, positive, within
+from fedmtl.methods.checks import non_negative, one_of, positive, refuse, within
 
 # Why alpha_init and beta_init lie in [0, 1], for the error that refuses one outside.
 _HYPER_INIT_RANGE = (
@@ -62,9 +62,13 @@ class FedHCA2(Method):
     - ``"conflict_averse"`` (Hyper Conflict-Averse aggregation, Eq. 6-9): one update Ũ is
       solved from the N raw encoder deltas (:func:`~fedmtl.aggregation.functional.conflict_averse_update`
       with ``c`` and ``rescale``), and client i gets θ_i^(r-1) + Δ̃_i + clamp(α_i, 0, 1)·Ũ,
-      where Δ̃_i is the mean delta of client i's homogeneous group (same dataset and task
-      set, :meth:`RoundInput.homogeneous_groups`; a client alone in its group keeps its own
-      delta), as the public code does.
+      where Δ̃_i is the mean delta of client i's homogeneous group (a client alone in its
+      group keeps its own delta), as the public code does. ``homogeneous_groups`` says who
+      is in a group (:func:`~fedmtl.aggregation.base.homogeneous_groups`): ``"same_tasks"``
+      (default) any clients with the same dataset and task set; ``"adjacent"`` the public
+      code's rule, runs of consecutive clients with the same dataset and the same ordered task
+      list. The two agree on every scenario a fedmtl config builds (a group's replicas are
+      consecutive, their tasks in one order), the paper's among them.
     - ``"fedavg"``: every encoder becomes the mean of the N trained encoders θ_i^(r-1) + Δ_i.
     - ``"none"``: every client keeps its trained encoder θ_i^(r-1) + Δ_i.
 
@@ -119,6 +123,8 @@ class FedHCA2(Method):
         hyper_weight_decay: SGD weight decay (suppl. C: 1e-4).
         encoder: encoder aggregation, see above.
         decoder: decoder aggregation, see above.
+        homogeneous_groups: who shares a group-mean delta, ``"same_tasks"`` or
+            ``"adjacent"`` (the public code's rule), see above.
         participation: must be 1: the conflict-averse solve and the cross-attention need
             every client's update in every round, and the hyper weights learn from them.
     """
@@ -135,6 +141,7 @@ class FedHCA2(Method):
         encoder: EncoderMode = "conflict_averse",
         decoder: DecoderMode = "cross_attention",
         participation: float = 1.0,
+        homogeneous_groups: str = "same_tasks",  # str, not a Literal: the refusal below says more
     ) -> None:
         if participation != 1:
             raise ValueError(
@@ -149,6 +156,15 @@ class FedHCA2(Method):
         }
         one_of("encoder", encoder, sorted(_ENCODER_ROWS))
         one_of("decoder", decoder, sorted(decoders))
+        if homogeneous_groups not in HOMOGENEOUS_RULES:
+            refuse(
+                "homogeneous_groups",
+                f"one of {list(HOMOGENEOUS_RULES)}",
+                homogeneous_groups,
+                " (who shares a group-mean encoder delta): same_tasks groups any clients with the same "
+                "dataset and task set, adjacent only consecutive ones with the same ordered task list, "
+                "as the public code",
+            )
         within("c", c, "[0, 1)", " (the conflict-averse radius)", "; the paper uses 0.4")
         for name, value in [("alpha_init", alpha_init), ("beta_init", beta_init)]:
             within(name, value, "[0, 1]", after=_HYPER_INIT_RANGE)
@@ -165,6 +181,7 @@ class FedHCA2(Method):
         self.hyper_weight_decay = float(hyper_weight_decay)
         self.encoder = encoder
         self.decoder = decoder
+        self.homogeneous_groups = homogeneous_groups
         self._aggregate_decoders = decoders[decoder]
         self._reset()
 
@@ -236,7 +253,7 @@ class FedHCA2(Method):
             self._step(self._alpha, -gram[:n, n])
         coefficients = conflict_averse_coefficients(gram[:n, :n], self.c, self.rescale)
         alpha = self._alpha.detach().clamp(0, 1)
-        groups = inputs.homogeneous_groups()
+        groups = inputs.homogeneous_groups(self.homogeneous_groups)
         weights = torch.zeros(len(groups) + 1, n, dtype=torch.float64)
         mixing = torch.zeros(n, len(groups) + 1, dtype=torch.float64)
         for g, group in enumerate(groups):
@@ -424,5 +441,6 @@ class FedHCA2(Method):
         return (
             f"FedHCA2(c={self.c}, rescale={self.rescale}, alpha_init={self.alpha_init}, "
             f"beta_init={self.beta_init}, hyper_lr={self.hyper_lr}, hyper_momentum={self.hyper_momentum}, "
-            f"hyper_weight_decay={self.hyper_weight_decay}, encoder={self.encoder!r}, decoder={self.decoder!r})"
+            f"hyper_weight_decay={self.hyper_weight_decay}, encoder={self.encoder!r}, decoder={self.decoder!r}, "
+            f"homogeneous_groups={self.homogeneous_groups!r})"
         )

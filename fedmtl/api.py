@@ -67,6 +67,7 @@ def compare(
     overwrite: bool = False,
     caption: str | None = None,
     label: str | None = None,
+    delta_m: str = "cells",
 ) -> str | None:
     """The table ``fedmtl report RUNS`` prints: each method's metrics (mean ± std over seeds)
     and Δm against ``baseline`` (default: the Local run), in ``format`` (markdown, csv or
@@ -74,12 +75,16 @@ def compare(
     ``label``). ``output``, ``curves`` (metrics over the rounds, .png or .svg) and
     ``partition`` (each client's images per dominant class) also write files; an existing one
     is refused unless ``overwrite``. Every output is checked before any is written.
+    ``delta_m``: what Δm averages over: ``cells`` (one term per (dataset, task), the clients
+    holding it averaged first, as the paper's 2C/4C tables) or ``columns`` (one per client
+    task); the same where each (dataset, task) has one client.
 
     Returns None, writing only the partition, when the partition alone is asked for and the
     runs have no baseline (one run, or runs without Local): there is no table to make."""
     from fedmtl import report
 
     fmt = report.check_format(format or report.format_for(output))
+    report.check_delta_m(delta_m)
     report.check_outputs(output, curves, overwrite, partition)
     if held_out and curves is not None:
         raise ValueError(
@@ -89,7 +94,9 @@ def compare(
     # Asked for the partition alone, the runs need no baseline: the table is left out where
     # none can be chosen (one run's partition, runs without Local), and made where it can.
     alone = partition is not None and all(value is None for value in (output, curves, format, baseline))
-    built = report.build_report(list(runs), baseline=baseline, held_out=held_out, need_baseline=not alone)
+    built = report.build_report(
+        list(runs), baseline=baseline, held_out=held_out, need_baseline=not alone, delta_m=delta_m
+    )
     if built.baseline is None:
         report.write_figure(partition, report.draw_partition(built), overwrite)
         return None

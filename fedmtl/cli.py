@@ -297,6 +297,13 @@ def _report_parser() -> ArgumentParser:
         default=False,
         help="replace an existing --output / --curves / --partition file",
     )
+    parser.add_argument(
+        "--delta_m",
+        type=str,
+        default="cells",
+        help="what Δm averages over: cells (one term per (dataset, task), the clients holding it "
+        "averaged first, as the paper's 2C/4C tables) or columns (one term per client task)",
+    )
     return parser
 
 
@@ -308,7 +315,7 @@ def _report(args: Namespace) -> None:
     text = compare(
         args.runs, baseline=args.baseline, held_out=args.held_out, format=args.format, output=args.output,
         curves=args.curves, partition=args.partition, overwrite=args.overwrite, caption=args.caption,
-        label=args.label,
+        label=args.label, delta_m=args.delta_m,
     )  # fmt: skip
     if text is None:  # the partition alone, of runs without a baseline
         print(f"partition: {args.partition}")

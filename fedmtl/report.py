@@ -34,9 +34,12 @@ LaTeX puts the dataset on a header line of its own above ``semseg mIoU ↑`` and
 of each column in bold (:func:`render_latex`); CSV keeps machine names (:func:`render_csv`).
 
 Numbers. Each metric cell is the mean over the method's seeds ± their sample standard
-deviation (ddof = 1; one seed shows no ±). Δm (``fedmtl.metrics.delta_m``, over every task
-of every client) is computed per seed against the baseline run of the same seed, then
-averaged (mean ± std of the paired Δm, not the Δm of the mean metrics). The baseline is the
+deviation (ddof = 1; one seed shows no ±). Δm (``fedmtl.metrics.delta_m``) is computed per
+seed against the baseline run of the same seed, then averaged (mean ± std of the paired Δm,
+not the Δm of the mean metrics). Its terms (:func:`run_delta_m`, ``--delta_m``): ``cells``
+(the default, the paper's 2C/4C tables) one per (dataset, task), the metric first averaged
+over the clients holding it, in the run and in the baseline alike; ``columns`` one per
+(client, task) column. The two are equal where each (dataset, task) has one client. The baseline is the
 Local run(s) unless ``--baseline`` names a run directory or a row label; a method with a seed
 the baseline lacks is an error, as is a baseline metric of 0 (Δm undefined).
 
@@ -74,6 +77,8 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("markdown", "csv", "latex")
+# What Δm averages over (run_delta_m): the default first.
+DELTA_M_AVERAGES = ("cells", "columns")
 # How a paper names them; anything not here is shown as fedmtl names it.
 ALGORITHM_NAMES = {"FedHCA2": "FedHCA²", "MaTFL": "MaT-FL"}
 DATASET_NAMES = {"pascal_context": "PASCAL-Context", "nyud": "NYUD"}
@@ -175,6 +180,7 @@ class Report:
     columns: tuple[Column, ...]
     methods: tuple[RunGroup, ...]  # the baseline first
     baseline: RunGroup | None  # None: none was needed and none could be chosen (build_report)
+    delta_m: str = DELTA_M_AVERAGES[0]  # what Δm averages over (run_delta_m)
 
 
 @dataclass(frozen=True)
@@ -526,11 +532,14 @@ def build_report(
     baseline: str | None = None,
     held_out: bool = False,
     need_baseline: bool = True,
+    delta_m: str = DELTA_M_AVERAGES[0],
 ) -> Report:
     """Load, check and group the runs; a ``baseline`` directory not among ``paths`` joins them.
     ``held_out``: the table of the runs' held-out clients instead of the federation's.
     ``need_baseline`` False: where no baseline can be chosen (no Local run, or several), the
-    report has none (enough for :func:`draw_partition`, not for a table or curves)."""
+    report has none (enough for :func:`draw_partition`, not for a table or curves).
+    ``delta_m``: what Δm averages over (:func:`run_delta_m`)."""
+    check_delta_m(delta_m)
     paths = list(paths)
     if baseline is not None and Path(baseline).is_dir():
         paths.append(baseline)  # read once if it is already there
@@ -543,9 +552,9 @@ def build_report(
     except ValueError:
         if need_baseline or baseline is not None:
             raise
-        return Report(columns=runs[0].columns, methods=tuple(methods), baseline=None)
+        return Report(columns=runs[0].columns, methods=tuple(methods), baseline=None, delta_m=delta_m)
     ordered = (chosen, *(m for m in methods if m is not chosen))
-    return Report(columns=runs[0].columns, methods=ordered, baseline=chosen)
+    return Report(columns=runs[0].columns, methods=ordered, baseline=chosen, delta_m=delta_m)
 
 
 def paired_runs(method: RunGroup, baseline: RunGroup) -> list[tuple[Run, Run]]:
@@ -583,10 +592,52 @@ def separated(delta: Stat) -> str:
     return "yes" if abs(delta.mean) > delta.std else "no"
 
 
-def paired_delta_m(run: Run, base: Run, columns: Sequence[Column]) -> float:
+def check_delta_m(average: str) -> str:
+    """``average`` if it is one of :data:`DELTA_M_AVERAGES`; raises naming the option otherwise."""
+    if average not in DELTA_M_AVERAGES:
+        raise ValueError(
+            f"--delta_m is {average!r}: use cells (the default: one term per (dataset, task), the "
+            "clients holding it averaged first, as the paper's 2C/4C tables) or columns (one term per "
+            "client task)"
+        )
+    return average
+
+
+def delta_m_terms(columns: Sequence[Column], average: str = DELTA_M_AVERAGES[0]) -> dict[Any, list[str]]:
+    """Δm's terms, each with the Column.keys averaged into it (pure). ``cells``: one per
+    (dataset, task), in the order first seen; a column whose dataset is not known is a term of
+    its own. ``columns``: one per column."""
+    check_delta_m(average)
+    terms: dict[Any, list[str]] = {}
+    for c in columns:
+        term = (c.dataset, c.task) if average == "cells" and c.dataset else c.key
+        terms.setdefault(term, []).append(c.key)
+    return terms
+
+
+def run_delta_m(
+    values: Mapping[str, float],
+    baseline: Mapping[str, float],
+    columns: Sequence[Column],
+    average: str = DELTA_M_AVERAGES[0],
+) -> float:
+    """Δm (%) of ``values`` against ``baseline`` (each Column.key -> metric), over the terms of
+    :func:`delta_m_terms`: each term's metric is the mean over its columns, in ``values`` and
+    in ``baseline`` alike, then ``fedmtl.metrics.delta_m`` of the terms. The one definition
+    the table and the curves use."""
     from fedmtl.metrics.delta_m import delta_m
 
-    return delta_m(run.metrics, base.metrics, {c.key for c in columns if c.lower_is_better})
+    terms = delta_m_terms(columns, average)
+    lower = {c.key for c in columns if c.lower_is_better}  # one task: all or none of a term
+    mine = {t: statistics.fmean(values[k] for k in keys) for t, keys in terms.items()}
+    base = {t: statistics.fmean(baseline[k] for k in keys) for t, keys in terms.items()}
+    return delta_m(mine, base, {t for t, keys in terms.items() if keys[0] in lower})
+
+
+def paired_delta_m(
+    run: Run, base: Run, columns: Sequence[Column], average: str = DELTA_M_AVERAGES[0]
+) -> float:
+    return run_delta_m(run.metrics, base.metrics, columns, average)
 
 
 def check_baseline_defined(baseline: RunGroup, columns: Sequence[Column]) -> None:
@@ -620,7 +671,7 @@ def compute_table(report: Report) -> Table:
     rows = []
     for method in report.methods:
         pairs = paired_runs(method, report.baseline)
-        delta = stat([paired_delta_m(run, base, report.columns) for run, base in pairs])
+        delta = stat([paired_delta_m(run, base, report.columns, report.delta_m) for run, base in pairs])
         cost = cost_cells(method.runs)
         rows.append(
             Row(
@@ -960,14 +1011,11 @@ def metric_series(history: History, key: str) -> tuple[list[int], list[float]]:
 
 
 def delta_m_series(
-    history: History, baseline: History, columns: Sequence[Column]
+    history: History, baseline: History, columns: Sequence[Column], average: str = DELTA_M_AVERAGES[0]
 ) -> tuple[list[int], list[float]]:
-    """Δm per round where both runs evaluated every column, finite, and Δm is defined (no
-    baseline 0)."""
-    from fedmtl.metrics.delta_m import delta_m
-
+    """Δm (:func:`run_delta_m`) per round where both runs evaluated every column, finite, and
+    Δm is defined (no baseline 0)."""
     keys = {c.key for c in columns}
-    lower = {c.key for c in columns if c.lower_is_better}
     rounds, values = [], []
     for r in sorted(set(history) & set(baseline)):
         mine, base = history[r], baseline[r]
@@ -975,7 +1023,7 @@ def delta_m_series(
             continue
         if all(math.isfinite(mine[k]) and math.isfinite(base[k]) and base[k] != 0 for k in keys):
             rounds.append(r)
-            values.append(delta_m({k: mine[k] for k in keys}, {k: base[k] for k in keys}, lower))
+            values.append(run_delta_m(mine, base, columns, average))
     return rounds, values
 
 
@@ -1032,7 +1080,7 @@ def draw_curves(report: Report):
         _plot_band(loss_ax, loss, **style(method))
         if method is not base:
             delta = [
-                delta_m_series(histories[run.path], histories[paired.path], columns)
+                delta_m_series(histories[run.path], histories[paired.path], columns, report.delta_m)
                 for run, paired in paired_runs(method, base)
             ]
             _plot_band(delta_ax, delta, **style(method))

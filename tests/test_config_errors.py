@@ -230,9 +230,9 @@ REFUSED = {
 }
 
 FEDHCA2_REFUSED = {
-    "alpha_init 1.5": (["--algorithm.alpha_init", "1.5"], "algorithm.alpha_init", "strictly inside (0, 1)"),
+    "alpha_init 1.5": (["--algorithm.alpha_init", "1.5"], "algorithm.alpha_init", "only on [0, 1]"),
     "alpha_init -0.1": (["--algorithm.alpha_init", "-0.1"], "algorithm.alpha_init", "never learn"),
-    "beta_init 1.5": (["--algorithm.beta_init", "1.5"], "algorithm.beta_init", "strictly inside (0, 1)"),
+    "beta_init 1.5": (["--algorithm.beta_init", "1.5"], "algorithm.beta_init", "only on [0, 1]"),
     "c 1": (["--algorithm.c", "1"], "algorithm.c", "[0, 1)"),
     "hyper_lr 0": (["--algorithm.hyper_lr", "0"], "algorithm.hyper_lr", "must be > 0"),
     "hyper_momentum 1": (["--algorithm.hyper_momentum", "1"], "algorithm.hyper_momentum", "[0, 1)"),
@@ -299,7 +299,7 @@ def test_an_out_of_range_fedhca2_option_is_refused_with_one_line_naming_it(
     tmp_path, data_root, capsys, overrides, field, fix
 ):
     """A hyper weight initialised outside [0, 1] would never learn (its gradient is passed only
-    strictly inside (0, 1)): a silent no-op that is refused instead."""
+    on [0, 1]): a silent no-op that is refused instead."""
     config = tiny_config(tmp_path, data_root)
     lines = fit_refused(config, tmp_path / "run", capsys, "--algorithm", "FedHCA2", *overrides)
     line = _the_one_error_line(lines)

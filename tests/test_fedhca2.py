@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from fedmtl.aggregation import (
     cross_attention_update_flat,
     decoder_owners_of,
 )
+from fedmtl.aggregation.base import homogeneous_groups
 from fedmtl.methods import (
     METHODS,
     FedAvg,
@@ -25,6 +27,9 @@ from fedmtl.methods import (
     create_method,
 )
 from fedmtl.models import FCNDecoder
+from tests.helpers import refused_keeping, tiny_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 DTYPES = [torch.float32, torch.float64]
 LR, MOMENTUM, WD = 0.01, 0.9, 1e-4  # the defaults, suppl. C
@@ -295,24 +300,66 @@ def test_no_update_in_round_one_and_the_first_update_in_round_two():
     assert set(agg.state_dict()["optimizer"]["state"]) == {0, 1}  # momentum of α and β
 
 
-def test_a_weight_at_zero_stays_zero_and_its_term_vanishes():
-    agg = FedHCA2(alpha_init=0.0, beta_init=0.0)
+def _round_two_along_against_orthogonal(agg, dtype=torch.float64):
+    """Round 1, then round 2 where client (decoder) 0 moves along last round's Ũ (A), client 1
+    against it and client 2 orthogonally (zero). Returns ‖Ũ‖², A's per-layer ‖A_k‖² [K, L]
+    and round 2's output."""
     prev_enc, prev_dec = torch.zeros(N_CLIENTS, 8), torch.zeros(N_CLIENTS, DIRECTION_DECODER.numel)
-    out = agg.aggregate(_random_round(1, prev_enc, prev_dec, seed=0))
-    for r in (2, 3, 4):
-        update, attention = agg.state_dict()["encoder_update"], agg.state_dict()["decoder_update"]
-        inputs = _random_round(
-            r, out.encoders, out.decoders, r, enc_deltas=update.repeat(3, 1), dec_deltas=attention
-        )
-        out = agg.aggregate(inputs)
-        assert torch.equal(_alpha(agg), torch.zeros(3, dtype=torch.float64))
-        assert torch.equal(_beta(agg), torch.zeros(3, 6, dtype=torch.float64))
-        torch.testing.assert_close(out.encoders, inputs.encoders_prev + inputs.encoder_deltas)
-        torch.testing.assert_close(out.decoders, inputs.decoders_prev + inputs.decoder_deltas)
-    assert set(agg.log_values().values()) == {0.0}
+    out = agg.aggregate(_random_round(1, prev_enc, prev_dec, seed=0, dtype=dtype))
+    update, attention = agg.state_dict()["encoder_update"], agg.state_dict()["decoder_update"]
+    signs = torch.tensor([1.0, -1.0, 0.0], dtype=dtype)[:, None]
+    inputs = _random_round(
+        2, out.encoders, out.decoders, 1, dtype, enc_deltas=signs * update, dec_deltas=signs * attention
+    )
+    out = agg.aggregate(inputs)
+    norm_sq = update.double().pow(2).sum().item()
+    per_layer = DIRECTION_DECODER.layer_sum(attention.double().pow(2))
+    return norm_sq, per_layer, out
 
 
-def test_a_weight_above_one_is_applied_as_one_and_only_decays():
+def test_a_weight_initialised_at_zero_learns_from_round_two():
+    """At 0 the gradient passes (closed interval, as the public code's clamp under PyTorch
+    2.1.2): α_0 = 0 − lr·(−‖Ũ‖² + wd·0) = lr·‖Ũ‖²; α_1 goes below 0 (applied as 0); the
+    orthogonal α_2 has gradient 0 and no decay to act on: it stays 0."""
+    agg = FedHCA2(alpha_init=0.0, beta_init=0.0)
+    norm_sq, per_layer, _ = _round_two_along_against_orthogonal(agg)
+    alpha, beta = _alpha(agg), _beta(agg)
+    assert norm_sq > 0
+    assert alpha[0].item() == pytest.approx(LR * norm_sq, rel=1e-6)
+    assert alpha[1].item() == pytest.approx(-LR * norm_sq, rel=1e-6)
+    assert alpha[2].item() == 0.0
+    torch.testing.assert_close(beta[0], LR * per_layer[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(beta[1], -LR * per_layer[1], rtol=1e-6, atol=0)
+    applied = agg.log_values()
+    assert applied["alpha/c0"] == pytest.approx(LR * norm_sq, rel=1e-6)
+    assert applied["alpha/c1"] == 0.0  # below 0: applied as 0
+
+
+def test_a_weight_initialised_at_one_learns_from_round_two():
+    """At 1 the gradient passes too: α_0 = 1 − lr·(−‖Ũ‖² + wd) goes above 1 (applied as 1),
+    α_1 = 1 − lr·(‖Ũ‖² + wd) comes down; with the gradient passed strictly inside (0, 1) both
+    would have been 1 − lr·wd (a round late)."""
+    agg = FedHCA2(alpha_init=1.0, beta_init=1.0)
+    norm_sq, per_layer, _ = _round_two_along_against_orthogonal(agg)
+    alpha, beta = _alpha(agg), _beta(agg)
+    assert alpha[0].item() == pytest.approx(1 - LR * (-norm_sq + WD), rel=1e-9)
+    assert alpha[1].item() == pytest.approx(1 - LR * (norm_sq + WD), rel=1e-9)
+    assert alpha[2].item() == pytest.approx(1 - LR * WD, rel=1e-12)
+    assert alpha[0] > 1 > alpha[1]
+    torch.testing.assert_close(beta[1], 1 - LR * (per_layer[1] + WD), rtol=1e-9, atol=0)
+    assert agg.log_values()["alpha/c0"] == 1.0
+
+
+def test_the_gradient_mask_is_the_closed_interval():
+    """The mask, computed by hand (not through the installed torch's clamp): bounds pass."""
+    agg = FedHCA2()
+    weight = torch.tensor([-0.5, 0.0, 0.5, 1.0, 1.5], dtype=torch.float64, requires_grad=True)
+    agg._optimizer = torch.optim.SGD([weight], lr=1.0)
+    agg._step(weight, torch.full((5,), -1.0, dtype=torch.float64))
+    torch.testing.assert_close(weight.detach(), torch.tensor([-0.5, 1.0, 1.5, 2.0, 1.5], dtype=torch.float64))
+
+
+def test_a_weight_above_one_gets_no_gradient_and_only_decays():
     # A weight can end above 1 (a momentum step past it; alpha_init itself must be in [0, 1]).
     agg = FedHCA2(alpha_init=1.0, beta_init=1.0)
     prev_enc, prev_dec = torch.zeros(N_CLIENTS, 8), torch.zeros(N_CLIENTS, DIRECTION_DECODER.numel)
@@ -321,14 +368,15 @@ def test_a_weight_above_one_is_applied_as_one_and_only_decays():
     state["alpha"] = torch.full((N_CLIENTS,), 1.5, dtype=torch.float64)
     agg.load_state_dict(state)
     update, attention = agg.state_dict()["encoder_update"], agg.state_dict()["decoder_update"]
-    # Strongly against Ũ and A: inside (0, 1) this would pull the weights down by lr·‖Ũ‖².
+    # Strongly against Ũ and A: on [0, 1] this pulls a weight down by lr·100·‖Ũ‖².
     inputs = _random_round(
         2, out.encoders, out.decoders, 2, enc_deltas=-100 * update.repeat(3, 1), dec_deltas=-100 * attention
     )
     out = agg.aggregate(inputs)
-    # No gradient at 1.5 nor at exactly 1 (clamp passes it strictly inside): weight decay only.
+    # No gradient at 1.5: weight decay only. β at exactly 1 takes its gradient.
     torch.testing.assert_close(_alpha(agg), torch.full((3,), 1.5 * (1 - LR * WD), dtype=torch.float64))
-    torch.testing.assert_close(_beta(agg), torch.full((3, 6), 1.0 * (1 - LR * WD), dtype=torch.float64))
+    per_layer = DIRECTION_DECODER.layer_sum(attention.double().pow(2))
+    torch.testing.assert_close(_beta(agg), 1 - LR * (100 * per_layer + WD), rtol=1e-6, atol=0)
     assert {k: v for k, v in agg.log_values().items() if k.startswith("alpha")} == {
         "alpha/c0": 1.0,
         "alpha/c1": 1.0,
@@ -379,6 +427,83 @@ def test_homogeneous_groups_share_their_mean_delta_and_decoders_keep_their_own(d
     torch.testing.assert_close(out.encoders, expected)
     attention = cross_attention_update_flat(inputs.decoder_deltas, DECODER_LAYOUT)
     torch.testing.assert_close(out.decoders, inputs.decoders_prev + inputs.decoder_deltas + 0.1 * attention)
+
+
+# Where the two rules differ: a non-adjacent twin (0 and 2) and the same task set in another
+# order (3 and 4); 4 and 5 are adjacent twins with one ordered task list.
+RULE_CLIENTS = [
+    ClientInfo("p-semseg-0", "pascal_context", ("semseg",), 5),
+    ClientInfo("n-semseg", "nyud", ("semseg",), 5),
+    ClientInfo("p-semseg-1", "pascal_context", ("semseg",), 5),
+    ClientInfo("p-semseg+sal", "pascal_context", ("semseg", "sal"), 5),
+    ClientInfo("p-sal+semseg-0", "pascal_context", ("sal", "semseg"), 5),
+    ClientInfo("p-sal+semseg-1", "pascal_context", ("sal", "semseg"), 5),
+]
+
+
+def test_the_two_homogeneous_rules_by_hand():
+    assert homogeneous_groups(RULE_CLIENTS) == [[0, 2], [1], [3, 4, 5]]
+    assert homogeneous_groups(RULE_CLIENTS, "same_tasks") == [[0, 2], [1], [3, 4, 5]]
+    assert homogeneous_groups(RULE_CLIENTS, "adjacent") == [[0], [1], [2], [3], [4, 5]]
+
+
+def test_the_public_rule_keeps_a_non_adjacent_twin_on_its_own_delta():
+    """GROUP_CLIENTS: p0 and p1 share dataset and tasks but stand apart (n0 between them):
+    under ``adjacent`` every client keeps its own delta, + 0.1·Ũ."""
+    inputs = _group_round()
+    assert inputs.homogeneous_groups("adjacent") == [[0], [1], [2], [3]]
+    out = FedHCA2(homogeneous_groups="adjacent").aggregate(inputs)
+    d = inputs.encoder_deltas
+    expected = inputs.encoders_prev + d + 0.1 * conflict_averse_update(d, 0.4)
+    torch.testing.assert_close(out.encoders, expected)
+
+
+def test_an_unknown_homogeneous_rule_is_refused():
+    with pytest.raises(
+        ValueError, match=r"^algorithm.homogeneous_groups must be one of \['same_tasks', 'adjacent'\]"
+    ):
+        FedHCA2(homogeneous_groups="ordered")
+
+
+def test_an_unknown_homogeneous_rule_is_one_error_line(tmp_path, data_root, capsys):
+    config = tiny_config(tmp_path, data_root)
+    command = ["fit", "--config", str(config), "--run_dir", str(tmp_path / "run"), "--algorithm", "FedHCA2"]
+    lines = refused_keeping([*command, "--algorithm.homogeneous_groups", "ordered"], tmp_path, capsys)
+    (line,) = [line for line in lines if line.startswith("error:")]
+    assert line.startswith("error: algorithm.homogeneous_groups must be one of ['same_tasks', 'adjacent']")
+    assert "adjacent only consecutive ones" in line
+    assert not (tmp_path / "run").exists()
+
+
+SCENARIO_CONFIGS = [
+    CONFIGS / "scenario1.yaml",
+    CONFIGS / "scenario2.yaml",
+    *sorted((CONFIGS / "variants").glob("*.yaml")),
+    CONFIGS / "benchmark" / "scenario1.yaml",
+    CONFIGS / "benchmark" / "scenario2.yaml",
+]
+
+
+@pytest.mark.parametrize("path", SCENARIO_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_two_rules_agree_on_every_bundled_scenario(monkeypatch, path):
+    """The paper's scenarios (1C, 2C, 4C and the ST/MT-only variants) and the benchmark's, as
+    their configs build the clients (a group's replicas consecutive): equal groups."""
+    from fedmtl.cli import _run_parser
+    from fedmtl.config import RunConfig
+    from fedmtl.federated import scenario
+
+    # The clients without the data: a split size and every image trained on suffice here.
+    monkeypatch.setattr(scenario, "train_split_size", lambda cfg, dataset: 4000)
+    monkeypatch.setattr(
+        scenario.TrainedImages, "__call__", lambda self, dataset, tasks, indices: list(indices)
+    )
+    parser = _run_parser()
+    cfg = RunConfig.from_namespace(parser.instantiate(parser.parse_path(str(path))))
+    clients = [ClientInfo(c.name, c.dataset, tuple(c.tasks), 1) for c in scenario.build_clients(cfg)]
+    same = homogeneous_groups(clients, "same_tasks")
+    assert homogeneous_groups(clients, "adjacent") == same
+    if "_2c" in path.name or "_4c" in path.name:  # the replicas do share a group
+        assert max(len(group) for group in same) == int(path.stem[-2])
 
 
 def _expected(inputs, encoder, decoder):

@@ -229,16 +229,45 @@ class RoundInput:
         """[K] each decoder's owner's sample count."""
         return [self.clients[i].num_samples for i, _ in self.decoder_owners]
 
-    def homogeneous_groups(self) -> list[list[int]]:
-        """Client indices grouped by equal (dataset, set of tasks), groups in first-member order.
+    def homogeneous_groups(self, rule: str = "same_tasks") -> list[list[int]]:
+        """The clients' homogeneous groups (FedHCA², Sec. 3.3): :func:`homogeneous_groups`."""
+        return homogeneous_groups(self.clients, rule)
 
-        Clients with the same dataset and the same task set form a homogeneous group (FedHCA²,
-        Sec. 3.3). Every client is in exactly one group (possibly of one).
-        """
-        groups: dict[tuple[str, frozenset[str]], list[int]] = {}
-        for i, client in enumerate(self.clients):
-            groups.setdefault((client.dataset, frozenset(client.tasks)), []).append(i)
-        return list(groups.values())
+
+#: The rules :func:`homogeneous_groups` knows, the default first.
+HOMOGENEOUS_RULES = ("same_tasks", "adjacent")
+
+
+def homogeneous_groups(clients: Sequence[ClientInfo], rule: str = "same_tasks") -> list[list[int]]:
+    """Client indices in homogeneous groups, groups in first-member order; every client is in
+    exactly one group (possibly of one). Pure.
+
+    - ``"same_tasks"``: any clients with the same dataset and the same set of tasks, wherever
+      they stand in the list.
+    - ``"adjacent"``: the public FedHCA² code's rule: runs of consecutive clients with the
+      same dataset and the same task list, in the same order.
+
+    The two agree wherever twins stand next to each other with their tasks in one order, as
+    in every scenario fedmtl builds from a config (the replicas of a group are consecutive).
+    """
+    if rule not in HOMOGENEOUS_RULES:
+        raise ValueError(f"homogeneous group rule {rule!r}: use one of {list(HOMOGENEOUS_RULES)}")
+    if rule == "adjacent":
+        runs: list[list[int]] = []
+        for i, client in enumerate(clients):
+            before = clients[i - 1] if i else None
+            if before is not None and (client.dataset, tuple(client.tasks)) == (
+                before.dataset,
+                tuple(before.tasks),
+            ):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        return runs
+    groups: dict[tuple[str, frozenset[str]], list[int]] = {}
+    for i, client in enumerate(clients):
+        groups.setdefault((client.dataset, frozenset(client.tasks)), []).append(i)
+    return list(groups.values())
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedmtl.aggregation.base import RoundInput, RoundOutput
+from fedmtl.aggregation.base import HOMOGENEOUS_RULES, RoundInput, RoundOutput
 from fedmtl.aggregation.functional import (
     conflict_averse_coefficients,
     cross_attention_update_flat,
@@ -17,12 +17,12 @@ from fedmtl.aggregation.functional import (
 )
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows
 from fedmtl.methods.base import Method, register_method
-from fedmtl.methods.checks import non_negative, one_of, positive, within
+from fedmtl.methods.checks import non_negative, one_of, positive, refuse, within
 
 # Why alpha_init and beta_init lie in [0, 1], for the error that refuses one outside.
 _HYPER_INIT_RANGE = (
-    ": the hyper weight is applied as clamp(w, 0, 1) and its gradient is passed only strictly inside "
-    "(0, 1), so from outside it would never learn; the paper uses 0.1"
+    ": the hyper weight is applied as clamp(w, 0, 1) and its gradient is passed only on [0, 1] "
+    "(bounds included, as in the public code), so from outside it would never learn; the paper uses 0.1"
 )
 EncoderMode = Literal["none", "fedavg", "conflict_averse"]
 DecoderMode = Literal["none", "cross_attention", "fedavg"]
@@ -62,9 +62,13 @@ class FedHCA2(Method):
     - ``"conflict_averse"`` (Hyper Conflict-Averse aggregation, Eq. 6-9): one update Ũ is
       solved from the N raw encoder deltas (:func:`~fedmtl.aggregation.functional.conflict_averse_update`
       with ``c`` and ``rescale``), and client i gets θ_i^(r-1) + Δ̃_i + clamp(α_i, 0, 1)·Ũ,
-      where Δ̃_i is the mean delta of client i's homogeneous group (same dataset and task
-      set, :meth:`RoundInput.homogeneous_groups`; a client alone in its group keeps its own
-      delta), as the public code does.
+      where Δ̃_i is the mean delta of client i's homogeneous group (a client alone in its
+      group keeps its own delta), as the public code does. ``homogeneous_groups`` says who
+      is in a group (:func:`~fedmtl.aggregation.base.homogeneous_groups`): ``"same_tasks"``
+      (default) any clients with the same dataset and task set; ``"adjacent"`` the public
+      code's rule, runs of consecutive clients with the same dataset and the same ordered task
+      list. The two agree on every scenario a fedmtl config builds (a group's replicas are
+      consecutive, their tasks in one order), the paper's among them.
     - ``"fedavg"``: every encoder becomes the mean of the N trained encoders θ_i^(r-1) + Δ_i.
     - ``"none"``: every client keeps its trained encoder θ_i^(r-1) + Δ_i.
 
@@ -90,14 +94,18 @@ class FedHCA2(Method):
     ``torch.optim.SGD(lr=hyper_lr, momentum=hyper_momentum, weight_decay=hyper_weight_decay)``
     takes the gradients (Eq. 16-17, as the public code's autograd through clamp gives them)
 
-        ∂α_i     = −⟨Ũ^(r), Δ_i^(r+1)⟩ · 1[0 < α_i < 1]
-        ∂β_{k,l} = −Σ_{tensors t of layer l} ⟨A_{k,t}^(r), Δ_{k,t}^(r+1)⟩ · 1[0 < β_{k,l} < 1]
+        ∂α_i     = −⟨Ũ^(r), Δ_i^(r+1)⟩ · 1[0 ≤ α_i ≤ 1]
+        ∂β_{k,l} = −Σ_{tensors t of layer l} ⟨A_{k,t}^(r), Δ_{k,t}^(r+1)⟩ · 1[0 ≤ β_{k,l} ≤ 1]
 
     with Δ^(r+1) each client's / decoder's raw new delta (the public code backpropagates
     ``last − current`` parameters of the client). A weight grows when the next local update
-    agrees with the aggregated update it scaled. Outside (0, 1) the gradient is zero but
-    momentum and weight decay still act: a weight at exactly 0 with no momentum left (e.g.
-    ``alpha_init=0``) stays 0, one above 1 is applied as 1 until weight decay brings it back. The server keeps Ũ^(r) [P] and A^(r) [K, Q] between rounds for this.
+    agrees with the aggregated update it scaled. The gradient passes on the closed interval
+    [0, 1], bounds included, as torch.clamp's backward did under the public code's PyTorch
+    2.1.2 (PyTorch 2.14 made it the open interval, so the mask is computed here, not taken
+    from the installed clamp): a weight initialised at 0 or 1 learns from round 2. Outside
+    [0, 1] the gradient is zero but momentum and weight decay still act: one pushed above 1
+    is applied as 1 until weight decay (or momentum) brings it back, one pushed below 0 is
+    applied as 0. The server keeps Ũ^(r) [P] and A^(r) [K, Q] between rounds for this.
 
     α and β (and their momentum) are float64 on the CPU, so they are identical on every rank
     and device; Ũ and A stay in the inputs' dtype and device. Rounds must be consecutive
@@ -115,6 +123,8 @@ class FedHCA2(Method):
         hyper_weight_decay: SGD weight decay (suppl. C: 1e-4).
         encoder: encoder aggregation, see above.
         decoder: decoder aggregation, see above.
+        homogeneous_groups: who shares a group-mean delta, ``"same_tasks"`` or
+            ``"adjacent"`` (the public code's rule), see above.
         participation: must be 1: the conflict-averse solve and the cross-attention need
             every client's update in every round, and the hyper weights learn from them.
     """
@@ -131,6 +141,7 @@ class FedHCA2(Method):
         encoder: EncoderMode = "conflict_averse",
         decoder: DecoderMode = "cross_attention",
         participation: float = 1.0,
+        homogeneous_groups: str = "same_tasks",  # str, not a Literal: the refusal below says more
     ) -> None:
         if participation != 1:
             raise ValueError(
@@ -145,6 +156,15 @@ class FedHCA2(Method):
         }
         one_of("encoder", encoder, sorted(_ENCODER_ROWS))
         one_of("decoder", decoder, sorted(decoders))
+        if homogeneous_groups not in HOMOGENEOUS_RULES:
+            refuse(
+                "homogeneous_groups",
+                f"one of {list(HOMOGENEOUS_RULES)}",
+                homogeneous_groups,
+                " (who shares a group-mean encoder delta): same_tasks groups any clients with the same "
+                "dataset and task set, adjacent only consecutive ones with the same ordered task list, "
+                "as the public code",
+            )
         within("c", c, "[0, 1)", " (the conflict-averse radius)", "; the paper uses 0.4")
         for name, value in [("alpha_init", alpha_init), ("beta_init", beta_init)]:
             within(name, value, "[0, 1]", after=_HYPER_INIT_RANGE)
@@ -161,6 +181,7 @@ class FedHCA2(Method):
         self.hyper_weight_decay = float(hyper_weight_decay)
         self.encoder = encoder
         self.decoder = decoder
+        self.homogeneous_groups = homogeneous_groups
         self._aggregate_decoders = decoders[decoder]
         self._reset()
 
@@ -232,7 +253,7 @@ class FedHCA2(Method):
             self._step(self._alpha, -gram[:n, n])
         coefficients = conflict_averse_coefficients(gram[:n, :n], self.c, self.rescale)
         alpha = self._alpha.detach().clamp(0, 1)
-        groups = inputs.homogeneous_groups()
+        groups = inputs.homogeneous_groups(self.homogeneous_groups)
         weights = torch.zeros(len(groups) + 1, n, dtype=torch.float64)
         mixing = torch.zeros(n, len(groups) + 1, dtype=torch.float64)
         for g, group in enumerate(groups):
@@ -271,8 +292,9 @@ class FedHCA2(Method):
         return out
 
     def _step(self, weight: Tensor, gradient: Tensor) -> None:
-        """One SGD step of α or β, with the gradient passed only strictly inside (0, 1)."""
-        inside = (weight > 0) & (weight < 1)
+        """One SGD step of α or β, with the gradient passed on the closed interval [0, 1]."""
+        # Bounds included: the public code's autograd through clamp under PyTorch 2.1.2.
+        inside = (weight >= 0) & (weight <= 1)
         weight.grad = torch.where(inside, gradient.to(torch.float64), 0.0)
         # One optimiser holds α and β: a step moves only those with a gradient set.
         self._optimizer.step()
@@ -419,5 +441,6 @@ class FedHCA2(Method):
         return (
             f"FedHCA2(c={self.c}, rescale={self.rescale}, alpha_init={self.alpha_init}, "
             f"beta_init={self.beta_init}, hyper_lr={self.hyper_lr}, hyper_momentum={self.hyper_momentum}, "
-            f"hyper_weight_decay={self.hyper_weight_decay}, encoder={self.encoder!r}, decoder={self.decoder!r})"
+            f"hyper_weight_decay={self.hyper_weight_decay}, encoder={self.encoder!r}, decoder={self.decoder!r}, "
+            f"homogeneous_groups={self.homogeneous_groups!r})"
         )

@@ -346,7 +346,7 @@ def _parser() -> ArgumentParser:
     check_parser = ArgumentParser(description="Check the datasets of a data root (fedmtl.data.check).")
     check_parser.add_argument("--root", type=str | None, default=None, help=root_help)
     check_parser.add_argument(
-        "--dataset", type=str | None, default=None, help="pascal_context or nyud (default: those found)"
+        "--dataset", type=str | None, default=None, help="pascal_context, nyud or cityscapes (default: those found)"
     )
     check_parser.add_argument(
         "--sample",
@@ -417,8 +417,7 @@ def _ensure_data(cfg: Any) -> None:
     missing = [
         dataset
         for dataset in sorted({group.dataset for group in cfg.clients})
-        if cfg.data.synth.get(dataset) is not None
-        and not DATASETS.get(dataset).split_file(root, "train").is_file()
+        if cfg.data.synth.get(dataset) is not None and not DATASETS.get(dataset).has_split(root, "train")
     ]
     if not missing:  # the usual case: no lock taken, nothing written
         return
@@ -426,7 +425,7 @@ def _ensure_data(cfg: Any) -> None:
         for dataset in missing:
             spec, s = DATASETS.get(dataset), cfg.data.synth[dataset]
             folder = Path(root) / spec.root_folder
-            if spec.split_file(root, "train").is_file():  # written while this process waited
+            if spec.has_split(root, "train"):  # written while this process waited
                 print(
                     f"using the synthetic {dataset} data another process wrote in {folder}", file=sys.stderr
                 )

@@ -6,12 +6,19 @@ matching tolerance) live in the task entry, keyed by dataset name.
 
 | task        | datasets            | out ch. | loss (weight)                 | metric          |
 |-------------|---------------------|---------|-------------------------------|-----------------|
-| semseg      | pascal_context, nyud| 21 / 40 | CE (1)                        | mIoU  ↑         |
+| semseg      | pascal_context, nyud, cityscapes | 21 / 40 / 19 | CE (1)           | mIoU  ↑         |
 | human_parts | pascal_context      | 7       | CE (2)                        | mIoU  ↑         |
 | sal         | pascal_context      | 2       | class-balanced CE (5)         | maxF  ↑         |
 | normals     | pascal_context, nyud| 3       | L1 on normalised pred (10)    | mErr  ↓         |
 | edge        | pascal_context, nyud| 1       | balanced BCE, w = 0.95 (50)   | odsF  ↑         |
-| depth       | nyud                | 1       | L1 (1)                        | RMSE  ↓         |
+| depth       | nyud, cityscapes    | 1       | L1 (1)                        | RMSE  ↓         |
+
+Depth on Cityscapes is disparity in pixels (the release's label), scored by the same RMSE
+(valid 0 <= gt < 255, not NYUD-v2's 0 < gt < 80 m). The MTL literature on Cityscapes (MTAN,
+CAGrad, Nash-MTL) reports the absolute and relative error of disparity, FMTL-Bench a mean
+relative error (|gt - pred| / gt over 0 < gt < 80, labelled "abs_err"); fedmtl keeps one metric
+per task, so that the report, Δm and the comparison tables need no per-dataset metric name:
+the figure is not comparable to those papers' (docs/data.md, "Cityscapes").
 """
 
 from __future__ import annotations
@@ -70,7 +77,9 @@ class Task:
 
 TASKS: Registry[Task] = Registry("task")
 
-SEMSEG_CLASSES = {"pascal_context": 21, "nyud": 40}
+SEMSEG_CLASSES = {"pascal_context": 21, "nyud": 40, "cityscapes": 19}
+# Depth label unit per dataset: what the metric scores as valid (fedmtl.metrics.depth).
+DEPTH_UNIT = {"nyud": "metres", "cityscapes": "disparity"}
 HUMAN_PART_CLASSES = 7  # background + 6 parts
 # Edge matching tolerance as a fraction of the image diagonal (the reference evaluation's maxDist).
 EDGE_MAX_DIST = {"pascal_context": 0.0075, "nyud": 0.011}
@@ -180,11 +189,11 @@ TASKS.add(
     "depth",
     Task(
         name="depth",
-        out_channels={"nyud": 1},
+        out_channels={"nyud": 1, "cityscapes": 1},
         loss=losses.l1,
         loss_weight=1.0,
         postprocess=_depth,
-        make_metric=lambda dataset, evaluation, **kw: _metrics().DepthRMSE(**kw),
+        make_metric=lambda dataset, evaluation, **kw: _metrics().DepthRMSE(unit=DEPTH_UNIT[dataset], **kw),
         metric_name="RMSE",
         lower_is_better=True,
     ),

@@ -8,6 +8,7 @@ from fedmtl.tasks import TASKS, check_tasks, get_task, multi_task_loss
 DATASET_TASKS = {
     "pascal_context": ("semseg", "human_parts", "sal", "normals", "edge"),
     "nyud": ("semseg", "normals", "edge", "depth"),
+    "cityscapes": ("semseg", "depth"),
 }
 CASES = [(d, t) for d, tasks in DATASET_TASKS.items() for t in tasks]
 

@@ -1,4 +1,4 @@
-"""``fedmtl data check``: does a data root hold PASCAL-Context / NYUD-v2 as fedmtl reads them?
+"""``fedmtl data check``: does a data root hold PASCAL-Context / NYUD-v2 / Cityscapes as fedmtl reads them?
 
     fedmtl data check                          # the data root fedmtl fit reads ($FEDMTL_DATA, else ./data)
     fedmtl data check --root /data --dataset nyud
@@ -15,7 +15,9 @@ and png label from its header (PIL ``Image.open(...).size``); every png's chunks
 and their checksums verified (``Image.verify``, no decoding) and every JPEG is decoded at
 1/8 scale (``draft``), which catches truncated files; ``.mat`` files are loaded whole (the
 loaders need their content); ``.npy`` depth is memory-mapped and every value checked finite
-(a NaN trains with loss nan; png labels decode to finite values).
+(a NaN trains with loss nan; png labels decode to finite values). Cityscapes has no split
+files: a split is the images found in ``leftImg8bit/<split>/``; its disparity pngs must be
+16-bit.
 
 :func:`check_command` prints the report and raises ``ValueError`` (one ``error:`` line from
 the CLI, exit 1) when anything a loader needs is missing or unreadable, a label's size is
@@ -35,25 +37,31 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from fedmtl.data.cityscapes import Cityscapes
 from fedmtl.data.datasets import DATASETS, folder_problem
 from fedmtl.data.layout import (
     SPLITS,
+    CityscapesLayout,
     DataFormError,
     NYUDLayout,
     PascalContextLayout,
     link_problem,
+    read_disparity_png,
     read_grey_label,
     read_image,
     read_label_map,
     read_normals,
     read_part_annotations,
-    read_split,
 )
 from fedmtl.data.nyud import NYUD
 from fedmtl.data.pascal_context import PascalContext, human_parts_label
 
 # Images per split of the public releases (docs/data.md, "The layouts").
-PUBLIC_COUNTS = {"pascal_context": {"train": 4998, "val": 5105}, "nyud": {"train": 795, "val": 654}}
+PUBLIC_COUNTS = {
+    "pascal_context": {"train": 4998, "val": 5105},
+    "nyud": {"train": 795, "val": 654},
+    "cityscapes": {"train": 2975, "val": 500},
+}
 SHOWN_PROBLEMS = 5  # per dataset
 # Images per split whose labels are decoded (class values): every one up to this, a seeded
 # sample of this many above it (about 4 ms a png on a slow core: 10k would take a minute).
@@ -146,7 +154,13 @@ def _picture(path: Path) -> tuple[int, int, str]:
 # The modes the releases store, read right without decoding; a file of another mode (a label
 # re-saved as RGB, a 16-bit image) is read through the loader's reader, which reads it right
 # or refuses it (fedmtl.data.layout, "reading pictures").
-_NATIVE = {"image": ("RGB", "L"), "class": ("L", "P"), "grey": ("L",), "normals": ("RGB",)}
+_NATIVE = {
+    "image": ("RGB", "L"),
+    "class": ("L", "P"),
+    "grey": ("L",),
+    "normals": ("RGB",),
+    "disparity": ("I;16", "I;16B", "I;16L", "I;16N"),
+}
 
 
 def _png(
@@ -264,15 +278,43 @@ def _nyud_checks(layout: NYUDLayout, i: str, image: tuple[int, int] | None, cont
 
 
 @dataclass(frozen=True)
+class _CityscapesSplit:
+    """A Cityscapes layout bound to one split: its files named by image id alone."""
+
+    layout: CityscapesLayout
+    split: str
+
+    def image(self, i: str) -> Path:
+        return self.layout.image(self.split, i)
+
+    def semseg(self, i: str) -> Path:
+        return self.layout.semseg(self.split, i)
+
+    def disparity(self, i: str) -> Path:
+        return self.layout.disparity(self.split, i)
+
+
+def _cityscapes_checks(
+    layout: _CityscapesSplit, i: str, image: tuple[int, int] | None, content: bool
+) -> dict:
+    return {
+        "semseg": lambda: _png(layout.semseg(i), image, "class", Cityscapes.read_semseg, content),
+        "depth": lambda: _png(layout.disparity(i), image, "disparity", read_disparity_png, content),
+    }
+
+
+@dataclass(frozen=True)
 class _Checker:
     layout_class: type
     image_checks: Callable
     meta_checks: Callable = lambda layout: []
+    bind: Callable = lambda layout, split: layout  # the layout whose paths take an id alone
 
 
 _CHECKERS = {
     "pascal_context": _Checker(PascalContextLayout, _pascal_checks, _pascal_meta),
     "nyud": _Checker(NYUDLayout, _nyud_checks),
+    "cityscapes": _Checker(CityscapesLayout, _cityscapes_checks, bind=_CityscapesSplit),
 }
 
 
@@ -333,22 +375,24 @@ def check_dataset(
     for what, bad in checker.meta_checks(layout):
         report.problems.append(Problem("", what, bad.path, bad.reason))
     workers = max(1, min(8, os.cpu_count() or 1)) if workers is None else max(1, workers)
+    kind = layout.split_kind  # "split file", or Cityscapes' "image folder"
     for split in SPLITS:
         split_file = layout.split_file(split)
         row = SplitReport(split, None, PUBLIC_COUNTS[name][split])
         report.splits.append(row)
-        if not split_file.is_file():
-            report.problems.append(Problem(split, "split file", split_file, "missing"))
+        if not layout.has_split(split):
+            report.problems.append(Problem(split, kind, split_file, "missing"))
             continue
         try:
-            ids = read_split(split_file)
+            ids = layout.split_ids(split)
         except (OSError, UnicodeDecodeError) as err:
             bad = _unreadable(split_file, err)
-            report.problems.append(Problem(split, "split file", split_file, bad.reason))
+            report.problems.append(Problem(split, kind, split_file, bad.reason))
             continue
         row.listed = len(ids)
         if not ids:
-            report.problems.append(Problem(split, "split file", split_file, "lists no image"))
+            empty = "lists no image" if kind == "split file" else "holds no <city>/*_leftImg8bit.png image"
+            report.problems.append(Problem(split, kind, split_file, empty))
         if len(set(ids)) != len(ids):
             report.notes.append(f"{split}: {len(ids) - len(set(ids))} ids are listed more than once")
         if len(ids) != row.public:
@@ -360,11 +404,12 @@ def check_dataset(
         row.bad = dict.fromkeys(report.columns, 0)
         seen: set[Path] = set()  # a file two tasks need (the LabelMap) is listed once
         decoded = sample_ids(ids, sample, seed=SPLITS.index(split))
+        bound = checker.bind(layout, split)
         row.content, row.sampled = len(decoded), len(decoded) < len(set(ids))
         pool = ThreadPoolExecutor(workers)
         try:
             bar = tqdm(total=len(ids), desc=f"check {name} {split}", unit="img", disable=not progress)
-            checks = pool.map(lambda i, decoded=decoded: _check_image(layout, checker, i, i in decoded), ids)
+            checks = pool.map(lambda i, d=decoded, b=bound: _check_image(b, checker, i, i in d), ids)
             for image_problem, tasks in checks:
                 bar.update()
                 for what, bad in (("image", image_problem), *tasks.items()):
@@ -405,8 +450,9 @@ def check_sample(
     tasks = tuple(tasks)
     problems = []
     for split, ids in ids_by_split.items():
+        bound = checker.bind(layout, split)
         for i in sorted(sample_ids(ids, sample, seed=SPLITS.index(split))):
-            image_problem, by_task = _check_image(layout, checker, i, content=True, tasks=tasks)
+            image_problem, by_task = _check_image(bound, checker, i, content=True, tasks=tasks)
             for what, bad in (("image", image_problem), *by_task.items()):
                 if bad is not None:
                     problems.append(Problem(split, what, bad.path, bad.reason))

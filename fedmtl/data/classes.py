@@ -16,3 +16,10 @@ NYU_CLASSES = (
     "person", "night stand", "toilet", "sink", "lamp", "bathtub", "bag", "otherstructure", "otherfurniture",
     "otherprop",
 )  # fmt: skip
+
+# Cityscapes' 19 evaluated classes by train id (cityscapesScripts helpers/labels.py); every
+# other label id is read as 255 (ignored).
+CITYSCAPES_CLASSES = (
+    "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation",
+    "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
+)  # fmt: skip

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fedmtl.data.cache import SampleCache
-from fedmtl.data.layout import SPLITS, DataFormError, link_problem, read_split
+from fedmtl.data.layout import SPLITS, DataFormError, link_problem
 from fedmtl.data.transforms import (
     PAPER_SCALE_RANGE,
     Sample,
@@ -102,10 +102,11 @@ class DenseDataset(torch.utils.data.Dataset):
         if not self.root.is_dir():
             raise self.missing(f"{self.title} root directory", self.root)
         self.layout = self.layout_class(self.root)
-        split_file = self.layout.split_file(split)
-        if not split_file.is_file():
-            raise self.missing(f"{self.title} {split} split file", split_file)
-        split_ids = read_split(split_file)
+        if not self.layout.has_split(split):
+            raise self.missing(
+                f"{self.title} {split} {self.layout.split_kind}", self.layout.split_file(split)
+            )
+        split_ids = self.layout.split_ids(split)
         self._check_files(split_ids)
         self._split_ids = split_ids
         self._prepare()
@@ -290,10 +291,20 @@ class DatasetSpec:
     tasks: tuple[str, ...]
     train_size: tuple[int, int]  # paper's training crop (and evaluation padding), (H, W)
     root_folder: str  # folder name under the data directory
+    depth_unit: str = "metres"  # of the depth label: "metres" or "disparity" (pixels)
+    resize: bool = False  # every image resized to train_size before the transforms (Cityscapes)
 
     def split_file(self, root: str | Path, split: str) -> Path:
-        """The split list of this dataset under a data directory (or the dataset folder)."""
+        """Where the split's image list comes from under a data directory (or the dataset
+        folder): a split file, or (Cityscapes) the folder whose images make the split."""
         return self.dataset_class.layout_class(dataset_root(self, root)).split_file(split)
+
+    def has_split(self, root: str | Path, split: str) -> bool:
+        return self.dataset_class.layout_class(dataset_root(self, root)).has_split(split)
+
+    def split_ids(self, root: str | Path, split: str) -> list[str]:
+        """The image ids of a split, in order."""
+        return self.dataset_class.layout_class(dataset_root(self, root)).split_ids(split)
 
 
 DATASETS = Registry[DatasetSpec]("dataset")
@@ -346,7 +357,11 @@ def build_dataset(
     size = as_size(train_size) if train_size is not None else spec.train_size
     if augment is None:
         augment = split == "train"
-    transform = train_transforms(size, scale_range) if augment else eval_transforms(size)
+    transform = (
+        train_transforms(size, scale_range, spec.depth_unit, spec.resize)
+        if augment
+        else eval_transforms(size, spec.depth_unit, spec.resize)
+    )
     options = {}
     if human_parts_selection is not None and "human_parts" in spec.tasks:
         options["human_parts_selection"] = human_parts_selection
@@ -363,4 +378,4 @@ def build_dataset(
 
 
 # The concrete datasets subclass DenseDataset above and register their specs on import.
-from fedmtl.data import nyud, pascal_context  # noqa: E402, F401
+from fedmtl.data import cityscapes, nyud, pascal_context  # noqa: E402, F401

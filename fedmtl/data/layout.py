@@ -1,4 +1,4 @@
-"""The on-disk layouts of PASCAL-Context and NYUD-v2, as the public releases ship them.
+"""The on-disk layouts of PASCAL-Context, NYUD-v2 and Cityscapes, as the public releases ship them.
 
 This module is the single place that knows file names and encodings. The dataset classes
 read through it and the synthetic-data generator writes through it, so generated data is
@@ -24,6 +24,13 @@ NYUD-v2 (``NYUDv2/``)::
     edge/<id>.png                            boundaries, 0 or 255
     normals/<id>.png                         normals, RGB = (n + 1) / 2 * 255
     depth/<id>.npy                           float depth in metres
+
+Cityscapes (``Cityscapes/``), an id being ``<city>/<city>_<seq:06d>_<frame:06d>``; a split is
+the sorted list of its ``leftImg8bit`` images (the release has no split files)::
+
+    leftImg8bit/{train,val}/<id>_leftImg8bit.png   RGB image
+    gtFine/{train,val}/<id>_gtFine_labelIds.png    official label ids 0..33 (8-bit)
+    disparity/{train,val}/<id>_disparity.png       16-bit, d = 256 * disparity + 1, 0 = invalid
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ PASCAL_CONTEXT_TREE = """PASCALContext/
   normals_distill/<id>.png
   pascal-context/trainval/<id>.mat
   json/{pascal_part,nyu_classes,context_classes}.json"""
+
+CITYSCAPES_TREE = """Cityscapes/
+  leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png
+  gtFine/{train,val}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png
+  disparity/{train,val}/<city>/<city>_<seq>_<frame>_disparity.png"""
 
 NYUD_TREE = """NYUDv2/
   images/<id>.png
@@ -118,6 +130,13 @@ class PartAnnotation:
 @dataclass(frozen=True)
 class PascalContextLayout:
     root: Path
+    split_kind = "split file"  # what split_file() names, for messages
+
+    def has_split(self, split: str) -> bool:
+        return self.split_file(split).is_file()
+
+    def split_ids(self, split: str) -> list[str]:
+        return read_split(self.split_file(split))
 
     def split_file(self, split: str) -> Path:
         return self.root / "ImageSets" / "Context" / f"{split}.txt"
@@ -259,6 +278,13 @@ def read_part_annotations(path: Path) -> list[PartAnnotation]:
 @dataclass(frozen=True)
 class NYUDLayout:
     root: Path
+    split_kind = "split file"  # what split_file() names, for messages
+
+    def has_split(self, split: str) -> bool:
+        return self.split_file(split).is_file()
+
+    def split_ids(self, split: str) -> list[str]:
+        return read_split(self.split_file(split))
 
     def split_file(self, split: str) -> Path:
         return self.root / "gt_sets" / f"{split}.txt"
@@ -300,6 +326,104 @@ class NYUDLayout:
         _save_png(self.normals(i), encode_normals(normals))
         self.depth(i).parent.mkdir(parents=True, exist_ok=True)
         np.save(self.depth(i), depth.astype(np.float32))
+
+
+# --------------------------------------------------------------------------- Cityscapes
+
+# labelId -> trainId of cityscapesScripts' helpers/labels.py: the 19 evaluated classes, every
+# other id (void, and classes not evaluated such as parking, rail track, caravan) 255.
+CITYSCAPES_TRAIN_IDS = {
+    7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
+    26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18,
+}  # fmt: skip
+CITYSCAPES_MAX_LABEL_ID = 33
+# The release's archives (leftImg8bit_trainvaltest.zip, ...) each hold one of these at the top.
+CITYSCAPES_PARTS = ("leftImg8bit", "gtFine", "disparity")
+DISPARITY_IGNORE = 255  # = fedmtl.data.transforms.IGNORE (not imported: this module stays light)
+
+
+def cityscapes_train_ids(label_ids: np.ndarray) -> np.ndarray:
+    """Official label ids -> train ids 0..18, every other id (void 0..6, the license plate -1,
+    which an 8-bit png can only hold as 255, ids past 33) -> 255."""
+    table = np.full(256, 255, dtype=np.int64)
+    for label_id, train_id in CITYSCAPES_TRAIN_IDS.items():
+        table[label_id] = train_id
+    ids = np.asarray(label_ids).astype(np.int64)
+    return np.where((ids >= 0) & (ids < 256), table[np.clip(ids, 0, 255)], 255)
+
+
+def encode_disparity(disparity: np.ndarray) -> np.ndarray:
+    """Disparity in pixels -> the release's uint16 ``256 * disparity + 1``; NaN, negative or
+    255 (ignore) -> 0 (invalid)."""
+    disparity = np.asarray(disparity, dtype=np.float64)
+    valid = np.isfinite(disparity) & (disparity >= 0) & (disparity != DISPARITY_IGNORE)
+    stored = np.where(valid, np.rint(np.where(valid, disparity, 0) * 256.0) + 1, 0)
+    return np.clip(stored, 0, 65535).astype(np.uint16)
+
+
+def decode_disparity(stored: np.ndarray) -> np.ndarray:
+    """The release's uint16 values -> float32 disparity in pixels, (d - 1) / 256 where d > 0;
+    d = 0 (invalid) -> 255 (ignored by the loss, the transforms and the metric). A disparity
+    of 255 px or more (d >= 65281, under ~2 m from the camera) would read as the ignore value:
+    marked ignored too."""
+    stored = np.asarray(stored).astype(np.float64)
+    disparity = np.where(stored > 0, (stored - 1.0) / 256.0, DISPARITY_IGNORE)
+    return np.where(disparity >= DISPARITY_IGNORE, DISPARITY_IGNORE, disparity).astype(np.float32)
+
+
+DISPARITY_FIX = (
+    "save the disparity as the release does: a 16-bit grey png, d = 256 * disparity + 1, 0 = invalid"
+)
+
+
+def read_disparity_png(path: Path) -> np.ndarray:
+    """A disparity png's stored uint16 values as int64 [H, W]; an 8-bit or colour png is
+    refused (it cannot hold the release's encoding)."""
+    with Image.open(path) as im:
+        if not _sixteen_bit(im):
+            raise _mode_refused(im, path, "a disparity", DISPARITY_FIX)
+        stored = np.asarray(im).astype(np.int64)
+    if stored.min(initial=0) < 0 or stored.max(initial=0) > 65535:
+        raise _form_error(path, f"a disparity with values outside 0..65535: {DISPARITY_FIX}")
+    return stored
+
+
+@dataclass(frozen=True)
+class CityscapesLayout:
+    root: Path
+    split_kind = "image folder"  # split_file() is the split's leftImg8bit folder
+
+    def split_file(self, split: str) -> Path:
+        """The folder whose images make the split (the release has no split files)."""
+        return self.root / "leftImg8bit" / split
+
+    def has_split(self, split: str) -> bool:
+        return self.split_file(split).is_dir()
+
+    def split_ids(self, split: str) -> list[str]:
+        suffix = "_leftImg8bit.png"
+        return sorted(
+            f"{path.parent.name}/{path.name[: -len(suffix)]}"
+            for path in self.split_file(split).glob(f"*/*{suffix}")
+        )
+
+    def image(self, split: str, i: str) -> Path:
+        return self.root / "leftImg8bit" / split / f"{i}_leftImg8bit.png"
+
+    def semseg(self, split: str, i: str) -> Path:
+        return self.root / "gtFine" / split / f"{i}_gtFine_labelIds.png"
+
+    def disparity(self, split: str, i: str) -> Path:
+        return self.root / "disparity" / split / f"{i}_disparity.png"
+
+    def write_sample(
+        self, split: str, i: str, image: np.ndarray, label_ids: np.ndarray, disparity: np.ndarray
+    ) -> None:
+        """image [H,W,3] uint8; label_ids [H,W] official ids 0..33; disparity [H,W] pixels
+        (NaN, negative or 255: invalid, stored 0)."""
+        _save_png(self.image(split, i), image)
+        _save_png(self.semseg(split, i), np.asarray(label_ids).astype(np.uint8))
+        _save_png(self.disparity(split, i), encode_disparity(disparity))
 
 
 # --------------------------------------------------------------------------- reading pictures

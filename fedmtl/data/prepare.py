@@ -14,6 +14,10 @@ Where the contents of an archive go (``.tar``, ``.tar.gz`` / ``.tgz``, ``.tar.bz
   ``val.txt``: PASCAL-Context; ``gt_sets/{train,val}.txt``: NYUD-v2) goes to ``ROOT`` under
   that dataset's folder name (e.g. ``PASCAL_MT/`` -> ``ROOT/PASCALContext``), and so does the
   archive's top level itself when it holds them (an archive of a dataset folder's contents);
+* Cityscapes' archives (``leftImg8bit_trainvaltest.zip``, ``gtFine_trainvaltest.zip``,
+  ``disparity_trainvaltest.zip`` from cityscapes-dataset.com) each hold one of
+  ``leftImg8bit/``, ``gtFine/``, ``disparity/`` at the top: it goes to ``ROOT/Cityscapes/``
+  under its own name (their README and license are not unpacked);
 * anything else at that level (a README, other folders) is not unpacked, and is listed; an
   archive in which no dataset is found is refused.
 
@@ -53,6 +57,9 @@ from tqdm import tqdm
 
 from fedmtl.data import rootlock
 from fedmtl.data.datasets import DATASETS
+from fedmtl.data.layout import CITYSCAPES_PARTS
+
+CITYSCAPES_FOLDER = "Cityscapes"
 
 STAGING = ".fedmtl-prepare.partial"  # inside the root, while archives are unpacked
 MARKER = ".fedmtl-prepare-partial"  # in the staging folder: only a folder holding it is ours to delete
@@ -86,7 +93,8 @@ class PrepareResult:
     @property
     def datasets(self) -> list[str]:
         by_folder = {DATASETS.get(n).root_folder: n for n in DATASETS.names()}
-        return [by_folder[f] for f in self.placed]
+        # a Cityscapes part is placed as "Cityscapes/<part>"
+        return list(dict.fromkeys(by_folder[f.split("/")[0]] for f in self.placed))
 
     @property
     def changed(self) -> bool:
@@ -223,6 +231,8 @@ def locate(top: Path, wrapped: bool = False) -> tuple[dict[str, Path], list[str]
     entries = sorted((e for e in top.iterdir() if e.name not in _JUNK), key=lambda e: e.name)
     dirs = [e for e in entries if e.is_dir() and not e.is_symlink()]
     found = {e.name: e for e in dirs if e.name in folders}
+    if not found:  # a part of the Cityscapes release: its folder goes into Cityscapes/
+        found = {f"{CITYSCAPES_FOLDER}/{e.name}": e for e in dirs if e.name in CITYSCAPES_PARTS}
     if not found:
         for e in dirs:
             name = _dataset_of(e)
@@ -312,8 +322,10 @@ def _prepare_held(paths: list[Path], root: Path, removed: bool, progress: bool) 
             if not located:
                 top = ", ".join(rest[:8]) or "nothing"
                 raise ValueError(
-                    f"{path} holds no PASCALContext/ or NYUDv2/ dataset (it holds: {top}); expected "
-                    "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2)"
+                    f"{path} holds no PASCALContext/ or NYUDv2/ dataset and no Cityscapes part "
+                    f"({', '.join(p + '/' for p in CITYSCAPES_PARTS)}) (it holds: {top}); expected "
+                    "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2) or "
+                    "Cityscapes' *_trainvaltest.zip"
                 )
             found += [(path, name, folder) for name, folder in located.items()]
             ignored += [f"{path}: {entry}" for entry in rest]
@@ -355,6 +367,7 @@ def _prepare_held(paths: list[Path], root: Path, removed: bool, progress: bool) 
         for _, name, folder in found:
             target_folder = root / name
             if not target_folder.exists() and not target_folder.is_symlink():
+                target_folder.parent.mkdir(parents=True, exist_ok=True)  # Cityscapes/ of a part
                 os.replace(folder, target_folder)
                 continue
             for rel in _files(folder):

@@ -17,6 +17,11 @@ code evaluates at native resolution, padded (centred) to 512x512 / 448x576 so a 
 :func:`valid_region` recovers the original pixels.
 
 255 marks pixels to ignore in every label, including normals (all three channels) and depth.
+
+Depth comes in two units (``depth_unit``): NYUD-v2's metres, where 0 is "no measurement", and
+Cityscapes' disparity in pixels, where 0 is a valid value (a point at infinity) and the loader
+already marks invalid pixels 255. A resize by ``s`` makes a scene look ``1/s`` times as far
+(depth / s) but a horizontal shift in pixels ``s`` times as long (disparity * s).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ IGNORE = 255
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CLASS_MAP_TASKS = ("semseg", "human_parts", "sal")  # integer labels, int64 tensors
+DEPTH_UNITS = ("metres", "disparity")
 
 Sample = dict[str, Any]
 Size = tuple[int, int]
@@ -114,15 +120,53 @@ def _resize(array: np.ndarray, size: Size, bilinear: bool) -> np.ndarray:
     return (left + (array.take(high, axis=1) - left) * weight.reshape(1, -1, *extra)).astype(np.float32)
 
 
+def scale_depth(depth: np.ndarray, factor: float, depth_unit: str) -> np.ndarray:
+    """A depth label after the image was resized by ``factor`` (horizontally, for disparity).
+
+    metres: divided by the factor (enlarging the image is moving the camera closer; the 0 of a
+    missing measurement stays 0). disparity: multiplied by it (a shift in pixels grows with the
+    image); ignored pixels (255) stay ignored, and a disparity scaled to 255 or more is marked
+    ignored too, since 255 is the ignore value.
+    """
+    if depth_unit == "metres":
+        return depth / np.float32(factor)
+    if depth_unit != "disparity":
+        raise ValueError(f"unknown depth_unit {depth_unit!r}; expected one of {', '.join(DEPTH_UNITS)}")
+    valid = depth != IGNORE
+    scaled = np.where(valid, depth * np.float32(factor), np.float32(IGNORE))
+    return np.where(scaled >= IGNORE, np.float32(IGNORE), scaled).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize image (bilinear) and labels (nearest) to ``size``, as FMTL-Bench does for every
+    Cityscapes image (1024x2048 -> 768x1536); depth is rescaled by the width factor."""
+
+    size: Size
+    depth_unit: str = "metres"
+
+    def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
+        height, width = sample["image"].shape[:2]
+        if (height, width) == tuple(self.size):
+            return sample
+        out = dict(sample)
+        for key, value in _arrays(sample):
+            out[key] = _resize(value, self.size, bilinear=key == "image")
+        if "depth" in out:
+            out["depth"] = scale_depth(out["depth"], self.size[1] / width, self.depth_unit)
+        return out
+
+
 @dataclass(frozen=True)
 class RandomScale:
     """Rescale image (bilinear) and labels (nearest) by one factor drawn from [min, max).
 
-    Depth is divided by the factor: enlarging the image is moving the camera closer.
+    Depth follows :func:`scale_depth`: metres divided by the factor, disparity multiplied.
     """
 
     min_scale: float = 0.5
     max_scale: float = 2.0
+    depth_unit: str = "metres"
 
     def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
         if not 0 < self.min_scale <= self.max_scale:
@@ -140,7 +184,7 @@ class RandomScale:
         for key, value in _arrays(sample):
             out[key] = _resize(value, size, bilinear=key == "image")
         if "depth" in out:
-            out["depth"] = out["depth"] / np.float32(scale)
+            out["depth"] = scale_depth(out["depth"], scale, self.depth_unit)
         return out
 
 
@@ -347,11 +391,14 @@ class AddIgnoreRegions:
     depth 0 (no measurement) -> 255; normals of zero length -> 255; a human_parts map with no
     part pixel (no person, a person without part annotations, or a crop that missed the
     people) -> all 255, so such an image or crop gives no background supervision either.
+    A disparity of 0 is a valid value (the loader marks invalid pixels 255): left as it is.
     """
+
+    depth_unit: str = "metres"
 
     def __call__(self, sample: Sample, rng: np.random.Generator) -> Sample:
         out = dict(sample)
-        if "depth" in out:
+        if "depth" in out and self.depth_unit == "metres":
             out["depth"] = np.where(out["depth"] == 0, np.float32(IGNORE), out["depth"]).astype(np.float32)
         if "normals" in out:
             normals = out["normals"].copy()
@@ -383,22 +430,33 @@ class ToTensor:
 PAPER_SCALE_RANGE = (0.5, 2.0)
 
 
-def train_transforms(size: int | Sequence[int], scale_range: Sequence[float] = PAPER_SCALE_RANGE) -> Compose:
-    """The public code's training augmentation; ``scale_range`` bounds the random rescaling."""
+def train_transforms(
+    size: int | Sequence[int],
+    scale_range: Sequence[float] = PAPER_SCALE_RANGE,
+    depth_unit: str = "metres",
+    resize: bool = False,
+) -> Compose:
+    """The public code's training augmentation; ``scale_range`` bounds the random rescaling.
+    ``resize``: every image is first resized to ``size`` (Cityscapes, as FMTL-Bench does)."""
     size = as_size(size)
+    first = (Resize(size, depth_unit),) if resize else ()
     return Compose(
         (
-            RandomScale(*scale_range),
+            *first,
+            RandomScale(*scale_range, depth_unit=depth_unit),
             RandomCrop(size, cat_max_ratio=0.75),
             RandomHorizontalFlip(),
             PhotoMetricDistortion(),
             Normalize(),
             PadTo(size),
-            AddIgnoreRegions(),
+            AddIgnoreRegions(depth_unit),
             ToTensor(),
         )
     )
 
 
-def eval_transforms(size: int | Sequence[int]) -> Compose:
-    return Compose((Normalize(), PadTo(as_size(size), strict=True), AddIgnoreRegions(), ToTensor()))
+def eval_transforms(size: int | Sequence[int], depth_unit: str = "metres", resize: bool = False) -> Compose:
+    """Normalise and pad to ``size``; ``resize``: resize every image to ``size`` first."""
+    size = as_size(size)
+    first = (Resize(size, depth_unit),) if resize else ()
+    return Compose((*first, Normalize(), PadTo(size, strict=True), AddIgnoreRegions(depth_unit), ToTensor()))

@@ -19,7 +19,7 @@ import torch
 from fedmtl.config import RunConfig
 from fedmtl.data.check import check_hint, check_sample
 from fedmtl.data.datasets import DATASETS, build_dataset, folder_problem
-from fedmtl.data.layout import link_problem, read_split
+from fedmtl.data.layout import link_problem
 from fedmtl.data.transforms import LargerThanEvalSize
 from fedmtl.federated.scenario import build_scenario
 from fedmtl.federated.spec import ClientSpec
@@ -136,11 +136,11 @@ def check_scenario(cfg: RunConfig) -> list[ClientSpec]:
     root = cfg.data.resolved_root()
     for name in sorted({s.dataset for s in specs}):
         val = DATASETS.get(name).split_file(root, "val")
-        if not val.is_file():
+        if not DATASETS.get(name).has_split(root, "val"):
             raise FileNotFoundError(
                 f"{name} validation split not found: {val} (every client is evaluated on it); {check_hint(root)}"
             )
-        if not read_split(val):
+        if not DATASETS.get(name).split_ids(root, "val"):
             raise ValueError(
                 f"{name} validation split {val} lists no image: every client is evaluated on it; {check_hint(root)}"
             )
@@ -217,11 +217,11 @@ def check_content(cfg: RunConfig, specs: list[ClientSpec]) -> None:
     for name in sorted({s.dataset for s in specs}):
         spec = DATASETS.get(name)
         mine = [s for s in specs if s.dataset == name]
-        train = read_split(spec.split_file(root, "train"))
+        train = spec.split_ids(root, "train")
         positions = sorted({int(k) for s in mine for k in (s.train_indices or ())})
         ids = {
             "train": [train[k] for k in positions if 0 <= k < len(train)],
-            "val": read_split(spec.split_file(root, "val")),
+            "val": spec.split_ids(root, "val"),
         }
         tasks = sorted({t for s in mine for t in s.tasks})
         problems = check_sample(name, root, tasks, ids, CONTENT_SAMPLE)

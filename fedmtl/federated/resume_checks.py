@@ -24,6 +24,7 @@ The CLI imports this module inside the commands that use it, next to the engine,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 
 from fedmtl.config import DataConfig
 from fedmtl.data.datasets import DATASETS, dataset_root
-from fedmtl.data.layout import SPLITS, read_split
+from fedmtl.data.layout import SPLITS
 from fedmtl.federated import checkpoint, rundir
 from fedmtl.federated.integrity import SHOWN, sha256_file
 from fedmtl.federated.scenario import count_clients
@@ -59,10 +60,14 @@ def data_fingerprint(cfg: Any) -> dict[str, Any]:
         sizes: dict[str, int | None] = {}
         for split in SPLITS:
             path = namer.layout.split_file(split)
-            if not path.is_file():
+            if not namer.layout.has_split(split):
                 continue
-            ids = read_split(path)
-            splits[split] = {"file": _relative(path, folder), "sha256": sha256_file(path), "images": len(ids)}
+            ids = namer.layout.split_ids(split)
+            # Cityscapes' split is a folder of images: its sorted id list stands for the file.
+            digest = (
+                sha256_file(path) if path.is_file() else hashlib.sha256("\n".join(ids).encode()).hexdigest()
+            )
+            splits[split] = {"file": _relative(path, folder), "sha256": digest, "images": len(ids)}
             for image_id in ids:
                 for _, candidates in namer._files(image_id):
                     found = next((p for p in candidates if p.is_file()), None)

@@ -11,7 +11,6 @@ from fedmtl.config import ClientGroup, RunConfig
 from fedmtl.data.check import check_hint
 from fedmtl.data.datasets import DATASETS, DenseDataset, build_dataset, one_line
 from fedmtl.data.dominant import class_histogram, dominant_classes
-from fedmtl.data.layout import read_split
 from fedmtl.data.partition import MAX_DRAWS, partition_clients
 from fedmtl.federated.spec import ClientSpec
 from fedmtl.seeds import derive_seed
@@ -35,13 +34,13 @@ def synth_command(cfg: RunConfig, dataset: str) -> str:
 def train_split_size(cfg: RunConfig, dataset: str) -> int:
     spec = DATASETS.get(dataset)
     split_file = spec.split_file(cfg.data.resolved_root(), "train")
-    if not split_file.is_file():
+    if not spec.has_split(cfg.data.resolved_root(), "train"):
         raise FileNotFoundError(
             f"{dataset} training split not found: {split_file}. Point data.root (or $FEDMTL_DATA) at the "
             f"folder holding {spec.root_folder}/, or write synthetic data there: {synth_command(cfg, dataset)} "
             f"(expected layout: {one_line(spec.dataset_class.tree)}); {check_hint(cfg.data.resolved_root())}"
         )
-    return len(read_split(split_file))
+    return len(spec.split_ids(cfg.data.resolved_root(), "train"))
 
 
 def count_clients(cfg: RunConfig) -> int:

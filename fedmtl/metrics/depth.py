@@ -1,8 +1,11 @@
-"""Root-mean-square error of depth, in metres.
+"""Root-mean-square error of depth: in metres (NYUD-v2) or of disparity in pixels (Cityscapes).
 
-docs/evaluation.md, "The metrics": pixels with 0 < gt < 80 (so the 255 padding and missing depth, stored
-as 0, are excluded); predictions clamped above 0; the square root of the mean squared error
-pooled over all valid pixels of the validation set (not a mean of per-image RMSEs).
+docs/evaluation.md, "The metrics": metres, pixels with 0 < gt < 80 (so the 255 padding and
+missing depth, stored as 0, are excluded); disparity, pixels with 0 <= gt < 255 (0 is a valid
+disparity; invalid pixels and the padding are 255, and a disparity can exceed 80 px, so the
+metres window would cut real targets). Predictions clamped above 0; the square root of the
+mean squared error pooled over all valid pixels of the validation set (not a mean of
+per-image RMSEs).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from fedmtl.metrics._utils import check_floating, check_same_shape
 
 MAX_DEPTH = 80.0
 MIN_PRED = 1e-9
+IGNORE = 255.0  # the ignore value of every label (fedmtl.data.transforms.IGNORE)
+DEPTH_UNITS = ("metres", "disparity")
 
 
 def _as_bhw(name: str, x: Tensor) -> Tensor:
@@ -28,15 +33,26 @@ def _as_bhw(name: str, x: Tensor) -> Tensor:
     return x
 
 
-def squared_error_sum(pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+def valid_targets(target: Tensor, unit: str = "metres") -> Tensor:
+    """Which target pixels are scored: metres 0 < gt < 80; disparity 0 <= gt < 255. NaN fails
+    every comparison: never scored."""
+    if unit == "metres":
+        return (target > 0) & (target < MAX_DEPTH)
+    if unit == "disparity":
+        return (target >= 0) & (target < IGNORE)
+    raise ValueError(f"unknown depth unit {unit!r}; expected one of {', '.join(DEPTH_UNITS)}")
+
+
+def squared_error_sum(pred: Tensor, target: Tensor, unit: str = "metres") -> tuple[Tensor, Tensor]:
     """(sum of squared errors in float64, number of valid pixels) for [B, H, W] tensors."""
-    valid = (target > 0) & (target < MAX_DEPTH)  # NaN fails both comparisons: excluded too
+    valid = valid_targets(target, unit)
     diff = pred[valid].clamp(min=MIN_PRED).double() - target[valid].double()
     return diff.square().sum(), valid.sum()
 
 
 class DepthRMSE(Metric):
-    """Depth RMSE in metres, pooled over all valid pixels.
+    """Depth RMSE, pooled over all valid pixels; ``unit`` ("metres" or "disparity") sets
+    which targets are valid (:func:`valid_targets`).
 
     ``update(pred, target)``: floating [B, H, W] or [B, 1, H, W] (the two may differ in that
     respect). ``compute()`` is NaN before any valid pixel was seen.
@@ -49,8 +65,10 @@ class DepthRMSE(Metric):
     sum_squared_error: Tensor
     count: Tensor
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, unit: str = "metres", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        valid_targets(torch.zeros(()), unit)  # refuses an unknown unit now, not at the first update
+        self.unit = unit
         self.add_state(
             "sum_squared_error", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum"
         )
@@ -61,7 +79,7 @@ class DepthRMSE(Metric):
         check_floating("target", target)
         pred, target = _as_bhw("pred", pred), _as_bhw("target", target)
         check_same_shape(pred, target)
-        sse, count = squared_error_sum(pred, target)
+        sse, count = squared_error_sum(pred, target, self.unit)
         self.sum_squared_error += sse
         self.count += count
 

@@ -9,14 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedmtl.data.cityscapes import Cityscapes
+from fedmtl.data.classes import CITYSCAPES_CLASSES
+from fedmtl.data.layout import CityscapesLayout, decode_disparity, encode_disparity
 from fedmtl.synth import cityscapes_sample, generate, sample_rng
-from fedmtl.synth.generator import (
-    CITYSCAPES_FAR,
-    TRAIN_CITIES,
-    VAL_CITIES,
-    encode_disparity,
-    stereo_holes,
-)
+from fedmtl.synth.generator import CITYSCAPES_FAR, TRAIN_CITIES, VAL_CITIES, stereo_holes
 from fedmtl.synth.scenes import CITYSCAPES_BASELINE, CITYSCAPES_IDS, cityscapes_focal
 
 SIZE = (32, 64)
@@ -52,19 +49,12 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def _files(root: Path, split: str) -> list[tuple[Path, Path, Path]]:
-    """(image, labelIds, disparity) of every image of a split, found as a loader finds them."""
-    images = sorted((root / "leftImg8bit" / split).glob("*/*_leftImg8bit.png"))
-    out = []
-    for image in images:
-        city, stem = image.parent.name, image.name.removesuffix("_leftImg8bit.png")
-        out.append(
-            (
-                image,
-                root / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png",
-                root / "disparity" / split / city / f"{stem}_disparity.png",
-            )
-        )
-    return out
+    """(image, labelIds, disparity) of every image of a split, as the loader finds them."""
+    layout = CityscapesLayout(root)
+    return [
+        (layout.image(split, i), layout.semseg(split, i), layout.disparity(split, i))
+        for i in layout.split_ids(split)
+    ]
 
 
 def test_the_release_layout_with_every_file_and_its_encoding(city):
@@ -121,7 +111,7 @@ def test_the_files_hold_the_rendered_sample(city):
     for s, (image, label, disparity) in zip(samples, files, strict=True):
         assert np.array_equal(np.asarray(Image.open(image)), s.rendering.image)
         assert np.array_equal(np.asarray(Image.open(label)), s.label_ids)
-        assert np.array_equal(np.asarray(Image.open(disparity)), s.disparity)
+        assert np.array_equal(np.asarray(Image.open(disparity)), encode_disparity(s.disparity))
 
 
 def _index(image: Path) -> int:
@@ -131,29 +121,38 @@ def _index(image: Path) -> int:
     return sequence * len(cities) + cities.index(image.parent.name)
 
 
+@pytest.mark.parametrize("split", COUNTS)
+def test_the_loader_reads_train_ids_and_the_valid_disparity(city, split):
+    data = Cityscapes(city, split, tasks=["semseg", "depth"])
+    assert len(data) == COUNTS[split]
+    classes = set()
+    for k in range(len(data)):
+        sample = data[k]
+        semseg = np.asarray(sample["semseg"]).squeeze()
+        depth = np.asarray(sample["depth"]).squeeze()
+        values = set(np.unique(semseg).tolist())
+        assert values <= set(range(len(CITYSCAPES_CLASSES))) | {255}
+        classes |= values
+        valid = depth != 255
+        assert 0.3 < valid.mean() < 1 and (depth[valid] > 0).all()
+    assert {0, 2, 10} <= classes  # road, building, sky by train id
+
+
 def test_disparity_decodes_to_the_rendered_depth_within_rounding():
     fx_b = cityscapes_focal(SIZE[1]) * CITYSCAPES_BASELINE
     assert fx_b == pytest.approx(2262.52 * 64 / 2048 * 0.209313)
     valid_share = []
     for s in _stored_and_rendered():
-        d, depth, ids = s.disparity, s.rendering.depth, s.label_ids
-        valid = d > 0
-        decoded = (d[valid].astype(np.float64) - 1) / 256
-        assert np.abs(decoded - fx_b / depth[valid]).max() <= 0.5 / 256 + 1e-6
+        decoded = decode_disparity(encode_disparity(s.disparity))  # as written, as the loader reads
+        depth, ids = s.rendering.depth, s.label_ids
+        valid = decoded != 255
+        assert np.array_equal(valid, np.isfinite(s.disparity))
+        assert np.abs(decoded[valid] - fx_b / depth[valid]).max() <= 0.5 / 256 + 1e-5
         assert not valid[ids == CITYSCAPES_IDS["sky"]].any()  # the sky: infinitely far
         assert not valid[ids == CITYSCAPES_IDS["ego vehicle"]].any()
         assert not valid[depth > CITYSCAPES_FAR].any()
         valid_share.append(valid.mean())
     assert 0.5 < np.mean(valid_share) < 0.97  # mostly valid, with holes, as the release's maps
-
-
-def test_disparity_encoding_by_hand():
-    disparity = np.array([[1.0, 1.25 / 256, 2.3, 300.0, 4.0]])
-    valid = np.array([[True, True, True, True, False]])
-    # 256 * 1 + 1; 1.25 -> 1, + 1; 588.8 -> 589, + 1; 300 px would need 76801, over 16 bits: nearer
-    # than the matcher searches; not valid: 0
-    assert encode_disparity(disparity, valid).tolist() == [[257, 2, 590, 0, 0]]
-    assert encode_disparity(disparity, valid).dtype == np.uint16
 
 
 def test_stereo_holes_by_hand(monkeypatch):
@@ -171,12 +170,9 @@ def test_render_scale_writes_the_full_size_with_the_same_camera():
     s = cityscapes_sample(sample_rng("cityscapes", SEED, "train", 0), SIZE, render_scale=0.5)
     assert s.label_ids.shape == s.disparity.shape == SIZE
     assert s.rendering.camera.focal == pytest.approx(cityscapes_focal(SIZE[1]))
-    valid = s.disparity > 0
-    decoded = (s.disparity[valid].astype(np.float64) - 1) / 256
-    assert (
-        np.abs(decoded - cityscapes_focal(SIZE[1]) * CITYSCAPES_BASELINE / s.rendering.depth[valid]).max()
-        <= 0.002
-    )
+    valid = np.isfinite(s.disparity)
+    rendered = cityscapes_focal(SIZE[1]) * CITYSCAPES_BASELINE / s.rendering.depth[valid]
+    assert np.allclose(s.disparity[valid], rendered)
 
 
 def test_synth_command_writes_cityscapes_at_its_1_to_2_default_size(tmp_path, capsys):

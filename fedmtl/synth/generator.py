@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from fedmtl.config import render_scale_problem, render_size
 from fedmtl.data import rootlock
-from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
+from fedmtl.data.layout import (
+    DISPARITY_IGNORE,
+    SPLITS,
+    CityscapesLayout,
+    NYUDLayout,
+    PartAnnotation,
+    PascalContextLayout,
+)
 from fedmtl.registry import Registry
 from fedmtl.synth.render import Rendering, Scene, render
 from fedmtl.synth.resample import upscale
@@ -236,7 +242,6 @@ def _nyud_write(
 
 CITYSCAPES_FAR = 150.0  # metres: no disparity beyond (under 1/15 px at 128 px wide), as on the real far road
 STEREO_BLOBS = 0.02  # share of 4x4 blocks where the stereo matcher finds nothing (texture-less patches)
-MAX_STORED = 65535  # a 16-bit png: round(256 * disparity) + 1 at most this
 # Cities of the release's train and val splits (an image id names its city).
 TRAIN_CITIES = (
     "aachen", "bochum", "bremen", "cologne", "darmstadt", "dusseldorf", "erfurt", "hamburg", "hanover",
@@ -249,21 +254,14 @@ VAL_CITIES = ("frankfurt", "lindau", "munster")
 class CityscapesSample:
     rendering: Rendering
     label_ids: np.ndarray  # [H, W] uint8, official Cityscapes label ids (not train ids)
-    disparity: np.ndarray  # [H, W] uint16 as stored: round(256 * disparity) + 1, 0 = invalid
+    disparity: np.ndarray  # [H, W] float64 pixels, NaN where the stereo matcher has none
 
 
 def disparity_of(depth: np.ndarray, width: int) -> np.ndarray:
     """Disparity in pixels of an image ``width`` wide from planar depth in metres: fx * baseline
     / Z with Cityscapes' fx scaled to the width and its baseline (0 where the depth is inf)."""
     with np.errstate(divide="ignore"):
-        return (cityscapes_focal(width) * CITYSCAPES_BASELINE / depth.astype(np.float64)).astype(np.float64)
-
-
-def encode_disparity(disparity: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Cityscapes' disparity png: round(256 * d) + 1 where valid, 0 elsewhere (and where the
-    value would not fit 16 bits: nearer than the matcher searches)."""
-    stored = np.rint(256.0 * np.where(valid, disparity, 0.0)) + 1
-    return np.where(valid & (stored <= MAX_STORED), stored, 0).astype(np.uint16)
+        return cityscapes_focal(width) * CITYSCAPES_BASELINE / depth.astype(np.float64)
 
 
 def stereo_holes(rng: np.random.Generator, disparity: np.ndarray) -> np.ndarray:
@@ -288,7 +286,8 @@ def cityscapes_sample(
     disparity = disparity_of(r.depth, size[1])
     ego = label_ids == CITYSCAPES_IDS["ego vehicle"]  # void, and its paint defeats the matcher
     valid = np.isfinite(r.depth) & (r.depth <= CITYSCAPES_FAR) & ~ego & ~stereo_holes(rng, disparity)
-    return CityscapesSample(r, label_ids, encode_disparity(disparity, valid))
+    valid &= disparity < DISPARITY_IGNORE  # nearer than the loader can tell from its ignore value
+    return CityscapesSample(r, label_ids, np.where(valid, disparity, np.nan))
 
 
 def _cityscapes_id(split: str, index: int) -> str:
@@ -297,16 +296,6 @@ def _cityscapes_id(split: str, index: int) -> str:
     cities = TRAIN_CITIES if split == "train" else VAL_CITIES
     city = cities[index % len(cities)]
     return f"{city}/{city}_{index // len(cities):06d}_000019"
-
-
-def _cityscapes_paths(root: Path, split: str, image_id: str) -> tuple[Path, Path, Path]:
-    """The image, labelIds and disparity pngs of one image, in the release's layout."""
-    city, name = image_id.split("/")
-    return (
-        root / "leftImg8bit" / split / city / f"{name}_leftImg8bit.png",
-        root / "gtFine" / split / city / f"{name}_gtFine_labelIds.png",
-        root / "disparity" / split / city / f"{name}_disparity.png",
-    )
 
 
 def _cityscapes_write(
@@ -318,11 +307,7 @@ def _cityscapes_write(
     render_scale: float = 1.0,
 ) -> None:
     s = cityscapes_sample(rng, size, render_scale)
-    for path, array in zip(
-        _cityscapes_paths(root, split, image_id), (s.rendering.image, s.label_ids, s.disparity)
-    ):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(array).save(path, compress_level=1)
+    CityscapesLayout(root).write_sample(split, image_id, s.rendering.image, s.label_ids, s.disparity)
 
 
 # --------------------------------------------------------------------------- generation
@@ -364,7 +349,7 @@ SYNTH.add(
         _cityscapes_id,
         lambda root, splits: None,
         _cityscapes_write,
-        lambda root: root / "leftImg8bit" / "train",
+        lambda root: CityscapesLayout(root).split_file("train"),
         size=(64, 128),  # the release's 1:2 (1024 x 2048)
     ),
 )

@@ -346,7 +346,10 @@ def _parser() -> ArgumentParser:
     check_parser = ArgumentParser(description="Check the datasets of a data root (fedmtl.data.check).")
     check_parser.add_argument("--root", type=str | None, default=None, help=root_help)
     check_parser.add_argument(
-        "--dataset", type=str | None, default=None, help="pascal_context, nyud or cityscapes (default: those found)"
+        "--dataset",
+        type=str | None,
+        default=None,
+        help="pascal_context, nyud or cityscapes (default: those found)",
     )
     check_parser.add_argument(
         "--sample",

@@ -207,7 +207,7 @@ def test_a_missing_root_and_an_unknown_dataset_are_one_line(tmp_path, data_root,
     (line,) = refused_keeping(
         ["data", "check", "--root", str(data_root), "--dataset", "coco"], tmp_path, capsys
     )
-    assert "unknown dataset 'coco'; known: nyud, pascal_context" in line
+    assert "unknown dataset 'coco'; known: cityscapes, nyud, pascal_context" in line
 
 
 def test_fit_on_incomplete_data_points_to_the_check(tmp_path, data, capsys):

@@ -322,8 +322,8 @@ def _prepare_held(paths: list[Path], root: Path, removed: bool, progress: bool) 
             if not located:
                 top = ", ".join(rest[:8]) or "nothing"
                 raise ValueError(
-                    f"{path} holds no PASCALContext/ or NYUDv2/ dataset and no Cityscapes part "
-                    f"({', '.join(p + '/' for p in CITYSCAPES_PARTS)}) (it holds: {top}); expected "
+                    f"{path} holds no PASCALContext/ or NYUDv2/ dataset (it holds: {top}) and no Cityscapes "
+                    f"part ({', '.join(p + '/' for p in CITYSCAPES_PARTS)}); expected "
                     "the archives linked from the public FedHCA² README (innovator-zero/FedHCA2) or "
                     "Cityscapes' *_trainvaltest.zip"
                 )

@@ -175,7 +175,7 @@ def synth(
     root: Path,
     num_train: int = 500,
     num_val: int = 200,
-    size: tuple[int, int] = (96, 96),
+    size: tuple[int, int] | None = None,
     seed: int = 0,
     workers: int | None = None,
     overwrite: bool = False,
@@ -184,19 +184,21 @@ def synth(
     """Write a procedurally rendered dataset in the real on-disk layout.
 
     Args:
-        dataset: pascal_context or nyud.
+        dataset: pascal_context, nyud or cityscapes.
         root: the dataset folder to write (e.g. data/PASCALContext).
         num_train: training images.
         num_val: validation images.
-        size: image height and width.
+        size: image height and width (default: 96 x 96; Cityscapes 64 x 128, its 1:2).
         seed: the same seed writes the same files.
         workers: processes to render with (default: all cores).
         overwrite: replace ``root`` if it already holds files (refused otherwise).
         render_scale: in (0, 1]: render at this fraction of size and scale up (faster, less detail).
     """
-    from fedmtl.synth import generate
+    from fedmtl.synth import SYNTH, generate
     from fedmtl.synth.generator import check_options
 
+    if size is None:  # the dataset's own (an unknown dataset: generate refuses it, naming the known ones)
+        size = SYNTH.get(dataset).size if dataset in SYNTH.names() else (96, 96)
     check_options(num_train, num_val, size, seed, workers, prefix="--", render_scale=render_scale)  # as typed
     out = generate(
         dataset,

@@ -54,7 +54,7 @@ MAX_SEED = 2**32 - 1  # numpy's (and so Lightning's seed_everything) range
 # = fedmtl.data.pascal_context.HUMAN_PARTS_SELECTIONS, not imported: the config module stays light
 HUMAN_PARTS_SELECTIONS = ("correct", "public")
 # = fedmtl.synth.SYNTH.names(), not imported: the config module stays light
-SYNTH_DATASETS = ("nyud", "pascal_context")
+SYNTH_DATASETS = ("cityscapes", "nyud", "pascal_context")
 
 
 def _at_least(name: str, value: int, low: int, fix: str = "") -> None:

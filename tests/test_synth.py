@@ -91,8 +91,8 @@ def _neighbour_pairs(a: np.ndarray):
 
 
 def test_unknown_dataset_is_a_value_error_listing_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match="nyud, pascal_context"):
-        generate("cityscapes", tmp_path, 1, 1, SIZE, progress=False)
+    with pytest.raises(ValueError, match="cityscapes, nyud, pascal_context"):
+        generate("kitti", tmp_path, 1, 1, SIZE, progress=False)
     assert not any(tmp_path.iterdir())
 
 

@@ -63,6 +63,7 @@ def data_fingerprint(cfg: Any) -> dict[str, Any]:
             if not namer.layout.has_split(split):
                 continue
             ids = namer.layout.split_ids(split)
+            namer.split = split  # Cityscapes' paths depend on the split
             # Cityscapes' split is a folder of images: its sorted id list stands for the file.
             digest = (
                 sha256_file(path) if path.is_file() else hashlib.sha256("\n".join(ids).encode()).hexdigest()

@@ -1,8 +1,9 @@
-"""Synthetic PASCAL-Context and NYUD-v2: rendered 3-D scenes written in the real layouts.
+"""Synthetic PASCAL-Context, NYUD-v2 and Cityscapes: rendered 3-D scenes in the real layouts.
 
     from fedmtl.synth import generate
     generate("pascal_context", "data/PASCALContext", num_train=500, num_val=200, size=(96, 96))
     generate("nyud", "data/NYUDv2")
+    generate("cityscapes", "data/Cityscapes")  # 64 x 128 by default
 
 or ``fedmtl data synth --dataset nyud --root data/NYUDv2``. The files go through
 :mod:`fedmtl.data.layout`, so the dataset classes read them exactly as they read the real data;
@@ -24,7 +25,12 @@ agree with each other and with the image:
 * depth (NYUD): planar depth in metres, with Kinect-like holes (0) beside near objects and on glass;
 * saliency (PASCAL): the nearest VOC objects and the largest one, 0/255;
 * human parts (PASCAL): people are articulated figures whose shapes carry PASCAL-Part part
-  names; about 40 % of the images have nobody in them, and so no human-parts label.
+  names; about 40 % of the images have nobody in them, and so no human-parts label;
+* Cityscapes: street scenes; gtFine labelIds hold the official label ids (not train ids),
+  void ones too (ego vehicle, static, parking); the disparity png holds round(256 d) + 1 with
+  d = fx * baseline / depth, Cityscapes' fx (2262.52 px at 2048 px) scaled to the image width
+  and its 0.209313 m baseline, and 0 where a stereo matcher has none: the sky, beyond 150 m,
+  the ego vehicle, pixels the right camera cannot see and a few texture-less blocks.
 
 The same seed gives the same files byte for byte: image k of a split draws from its own
 random stream, SeedSequence([seed, dataset, split, k]), whatever the number of workers.
@@ -34,6 +40,6 @@ Nothing is overwritten unless asked for: a folder that already holds files is re
 place only when complete, so a dataset folder is either absent or whole.
 """
 
-from fedmtl.synth.generator import SYNTH, generate, nyud_sample, pascal_sample, sample_rng
+from fedmtl.synth.generator import SYNTH, cityscapes_sample, generate, nyud_sample, pascal_sample, sample_rng
 
-__all__ = ["SYNTH", "generate", "nyud_sample", "pascal_sample", "sample_rng"]
+__all__ = ["SYNTH", "cityscapes_sample", "generate", "nyud_sample", "pascal_sample", "sample_rng"]

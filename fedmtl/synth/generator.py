@@ -17,16 +17,27 @@ from tqdm import tqdm
 
 from fedmtl.config import render_scale_problem, render_size
 from fedmtl.data import rootlock
-from fedmtl.data.layout import SPLITS, NYUDLayout, PartAnnotation, PascalContextLayout
+from fedmtl.data.layout import (
+    DISPARITY_IGNORE,
+    SPLITS,
+    CityscapesLayout,
+    NYUDLayout,
+    PartAnnotation,
+    PascalContextLayout,
+)
 from fedmtl.registry import Registry
 from fedmtl.synth.render import Rendering, Scene, render
 from fedmtl.synth.resample import upscale
 from fedmtl.synth.scenes import (
+    CITYSCAPES_BASELINE,
+    CITYSCAPES_IDS,
     CONTEXT_CLASSES,
     NYU_CLASSES,
     VOC_CLASSES,
+    cityscapes_focal,
     nyud_scene,
     pascal_scene,
+    street_scene,
 )
 
 IGNORE = 255
@@ -158,7 +169,12 @@ def _pascal_meta(root: Path, splits: dict[str, list[str]]) -> None:
 
 
 def _pascal_write(
-    root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0
+    root: Path,
+    split: str,
+    image_id: str,
+    rng: np.random.Generator,
+    size: tuple[int, int],
+    render_scale: float = 1.0,
 ) -> None:
     s = pascal_sample(rng, size, render_scale)
     layout = PascalContextLayout(root)
@@ -211,10 +227,87 @@ def _nyud_id(split: str, index: int) -> str:
 
 
 def _nyud_write(
-    root: Path, image_id: str, rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0
+    root: Path,
+    split: str,
+    image_id: str,
+    rng: np.random.Generator,
+    size: tuple[int, int],
+    render_scale: float = 1.0,
 ) -> None:
     s = nyud_sample(rng, size, render_scale)
     NYUDLayout(root).write_sample(image_id, s.rendering.image, s.semseg, s.edge, s.rendering.normals, s.depth)
+
+
+# --------------------------------------------------------------------------- Cityscapes
+
+CITYSCAPES_FAR = 150.0  # metres: no disparity beyond (under 1/15 px at 128 px wide), as on the real far road
+STEREO_BLOBS = 0.02  # share of 4x4 blocks where the stereo matcher finds nothing (texture-less patches)
+# Cities of the release's train and val splits (an image id names its city).
+TRAIN_CITIES = (
+    "aachen", "bochum", "bremen", "cologne", "darmstadt", "dusseldorf", "erfurt", "hamburg", "hanover",
+    "jena", "krefeld", "monchengladbach", "strasbourg", "stuttgart", "tubingen", "ulm", "weimar", "zurich",
+)  # fmt: skip
+VAL_CITIES = ("frankfurt", "lindau", "munster")
+
+
+@dataclass(frozen=True)
+class CityscapesSample:
+    rendering: Rendering
+    label_ids: np.ndarray  # [H, W] uint8, official Cityscapes label ids (not train ids)
+    disparity: np.ndarray  # [H, W] float64 pixels, NaN where the stereo matcher has none
+
+
+def disparity_of(depth: np.ndarray, width: int) -> np.ndarray:
+    """Disparity in pixels of an image ``width`` wide from planar depth in metres: fx * baseline
+    / Z with Cityscapes' fx scaled to the width and its baseline (0 where the depth is inf)."""
+    with np.errstate(divide="ignore"):
+        return cityscapes_focal(width) * CITYSCAPES_BASELINE / depth.astype(np.float64)
+
+
+def stereo_holes(rng: np.random.Generator, disparity: np.ndarray) -> np.ndarray:
+    """Where a stereo matcher finds no disparity for the left image: pixels the right camera
+    does not see (they land off its left edge, or behind a nearer surface that lands left of
+    them) and a few random texture-less blocks."""
+    h, w = disparity.shape
+    landing = np.arange(w)[None, :] - disparity  # a pixel's column in the right image
+    # the leftmost landing of the pixels to its right: one that lands left of it hides it
+    right_of = np.minimum.accumulate(landing[:, ::-1], axis=1)[:, ::-1]
+    hidden = np.concatenate([right_of[:, 1:] < landing[:, :-1], np.zeros((h, 1), dtype=bool)], axis=1)
+    blocks = np.kron(rng.random((h // 4 + 1, w // 4 + 1)) < STEREO_BLOBS, np.ones((4, 4), dtype=bool))
+    return (landing < -0.5) | hidden | blocks[:h, :w]
+
+
+def cityscapes_sample(
+    rng: np.random.Generator, size: tuple[int, int], render_scale: float = 1.0
+) -> CityscapesSample:
+    scene, r = _render(street_scene, rng, size, render_scale)
+    ids = np.array([o.label for o in scene.objects] + [CITYSCAPES_IDS["sky"]], dtype=np.uint8)
+    label_ids = ids[r.object_id]
+    disparity = disparity_of(r.depth, size[1])
+    ego = label_ids == CITYSCAPES_IDS["ego vehicle"]  # void, and its paint defeats the matcher
+    valid = np.isfinite(r.depth) & (r.depth <= CITYSCAPES_FAR) & ~ego & ~stereo_holes(rng, disparity)
+    valid &= disparity < DISPARITY_IGNORE  # nearer than the loader can tell from its ignore value
+    return CityscapesSample(r, label_ids, np.where(valid, disparity, np.nan))
+
+
+def _cityscapes_id(split: str, index: int) -> str:
+    """Like frankfurt/frankfurt_000003_000019: the city, a sequence number and the frame (the
+    release's annotated frame is the 20th of each snippet)."""
+    cities = TRAIN_CITIES if split == "train" else VAL_CITIES
+    city = cities[index % len(cities)]
+    return f"{city}/{city}_{index // len(cities):06d}_000019"
+
+
+def _cityscapes_write(
+    root: Path,
+    split: str,
+    image_id: str,
+    rng: np.random.Generator,
+    size: tuple[int, int],
+    render_scale: float = 1.0,
+) -> None:
+    s = cityscapes_sample(rng, size, render_scale)
+    CityscapesLayout(root).write_sample(split, image_id, s.rendering.image, s.label_ids, s.disparity)
 
 
 # --------------------------------------------------------------------------- generation
@@ -226,13 +319,40 @@ class SynthSpec:
 
     image_id: Callable[[str, int], str]  # (split, index) -> image id
     write_meta: Callable[[Path, dict[str, list[str]]], None]  # split files and class tables
-    # (root, image id, rng, size, render_scale)
-    write_sample: Callable[[Path, str, np.random.Generator, tuple[int, int], float], None]
+    # (root, split, image id, rng, size, render_scale)
+    write_sample: Callable[[Path, str, str, np.random.Generator, tuple[int, int], float], None]
+    # what a folder holding this dataset has (named when synth refuses to write over a folder)
+    marker: Callable[[Path], Path]
+    size: tuple[int, int] = (96, 96)  # (height, width) when none is given
 
 
 SYNTH = Registry[SynthSpec]("synthetic dataset")
-SYNTH.add("pascal_context", SynthSpec(_pascal_id, _pascal_meta, _pascal_write))
-SYNTH.add("nyud", SynthSpec(_nyud_id, lambda root, splits: NYUDLayout(root).write_meta(splits), _nyud_write))
+SYNTH.add(
+    "pascal_context",
+    SynthSpec(
+        _pascal_id, _pascal_meta, _pascal_write, lambda root: PascalContextLayout(root).split_file("train")
+    ),
+)
+SYNTH.add(
+    "nyud",
+    SynthSpec(
+        _nyud_id,
+        lambda root, splits: NYUDLayout(root).write_meta(splits),
+        _nyud_write,
+        lambda root: NYUDLayout(root).split_file("train"),
+    ),
+)
+# The release has no split files: a split is the images found under leftImg8bit/<split>/.
+SYNTH.add(
+    "cityscapes",
+    SynthSpec(
+        _cityscapes_id,
+        lambda root, splits: None,
+        _cityscapes_write,
+        lambda root: CityscapesLayout(root).split_file("train"),
+        size=(64, 128),  # the release's 1:2 (1024 x 2048)
+    ),
+)
 
 
 def sample_rng(dataset: str, seed: int, split: str, index: int) -> np.random.Generator:
@@ -254,11 +374,10 @@ def _write_chunk(
     spec = SYNTH.get(dataset)
     for index in indices:
         rng = sample_rng(dataset, seed, split, index)
-        spec.write_sample(root, spec.image_id(split, index), rng, size, render_scale)
+        spec.write_sample(root, split, spec.image_id(split, index), rng, size, render_scale)
     return len(indices)
 
 
-_LAYOUTS = {"pascal_context": PascalContextLayout, "nyud": NYUDLayout}  # for the train split file
 _MARKER = ".fedmtl-synth-partial"  # in the staging folder: only a folder holding it is ours to delete
 _WHOSE = "the synthetic generator's"
 
@@ -314,9 +433,9 @@ def _check_target(dataset: str, root: Path, target: Path, overwrite: bool) -> No
         except PermissionError as err:
             raise ValueError(f"cannot read {root} ({err.strerror}): choose another --root") from None
         if holds_files:
-            split = _LAYOUTS[dataset](target).split_file("train")
-            name = split.relative_to(target)
-            kind = f"it looks like a {dataset} dataset: it has" if split.is_file() else "it has no"
+            marker = SYNTH.get(dataset).marker(target)
+            name = marker.relative_to(target)
+            kind = f"it looks like a {dataset} dataset: it has" if marker.exists() else "it has no"
             raise ValueError(
                 f"{root} already holds files ({kind} {name}), which synthetic data would overwrite: pass "
                 "--overwrite true to replace it with synthetic data, or choose another --root"
@@ -381,15 +500,16 @@ def generate(
     root: str | Path,
     num_train: int = 500,
     num_val: int = 200,
-    size: tuple[int, int] = (96, 96),
+    size: tuple[int, int] | None = None,
     seed: int = 0,
     workers: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
     render_scale: float = 1.0,
 ) -> Path:
-    """Render ``num_train`` + ``num_val`` images of ``dataset`` ("pascal_context" or "nyud")
-    at ``size`` (height, width) into ``root``, the dataset folder itself; return ``root``.
+    """Render ``num_train`` + ``num_val`` images of ``dataset`` ("pascal_context", "nyud" or
+    "cityscapes") at ``size`` (height, width; default 96 x 96, Cityscapes 64 x 128) into
+    ``root``, the dataset folder itself; return ``root``.
 
     ``workers`` processes render in parallel (default: one per core; 1 renders in this process).
     ``render_scale`` < 1 renders each scene at that fraction of ``size`` and scales the
@@ -408,6 +528,7 @@ def generate(
         spec = SYNTH.get(dataset)
     except KeyError as err:
         raise ValueError(err.args[0]) from None
+    size = spec.size if size is None else size
     check_options(num_train, num_val, size, seed, workers, render_scale=render_scale)
     height, width = (int(v) for v in size)
     root = Path(root)

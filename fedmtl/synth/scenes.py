@@ -8,8 +8,10 @@ the shapes of :mod:`fedmtl.synth.render`, then turned and moved into the world.
   including articulated people whose limbs carry PASCAL-Part part names.
 * :func:`nyud_scene`: rooms (floor, walls, ceiling) furnished after a room type with the
   NYU-40 classes, under a warm, dim ceiling light.
+* :func:`street_scene`: Cityscapes streets seen from a car, labelled with the official
+  Cityscapes label ids, through a camera with Cityscapes' field of view.
 
-The two differ in class set, palette and lighting as the real datasets do: the data
+The datasets differ in class set, palette and lighting as the real datasets do: the data
 heterogeneity that federated clients on the two datasets have to cope with.
 """
 
@@ -1320,4 +1322,214 @@ def nyud_scene(rng: Rng, size: tuple[int, int]) -> Scene:
             if thing.top is not None and where != "top":
                 room.supports.append((name, yaw, position, thing.top, []))
             scene.add(SceneObject(name, NYU_CLASSES.index(name), surfaces))
+    return scene
+
+
+# --------------------------------------------------------------------------- Cityscapes streets
+
+# The official Cityscapes label ids (cityscapesScripts' labels.py) of the classes a street scene
+# draws: the 19 evaluated classes it has, and four void ones (ego vehicle, static, parking,
+# ground) that the loader maps to ignore.
+CITYSCAPES_IDS = {
+    "unlabeled": 0, "ego vehicle": 1, "ground": 6, "static": 4, "road": 7, "sidewalk": 8, "parking": 9,
+    "building": 11, "wall": 12, "fence": 13, "pole": 17, "traffic light": 19, "traffic sign": 20,
+    "vegetation": 21, "terrain": 22, "sky": 23, "person": 24, "car": 26, "bus": 28, "bicycle": 33,
+}  # fmt: skip
+
+# Cityscapes' stereo rig (its camera/*.json): fx 2262.52 px at the 2048 px wide images, a
+# 0.209313 m baseline, the camera about 1.2 m above the road. fx scales with the image width, so
+# a generated image keeps the real horizontal field of view (48.7 degrees).
+CITYSCAPES_FX = 2262.52
+CITYSCAPES_WIDTH = 2048
+CITYSCAPES_BASELINE = 0.209313
+
+
+def cityscapes_focal(width: int) -> float:
+    """The focal length in pixels of a Cityscapes image scaled to ``width``."""
+    return CITYSCAPES_FX * width / CITYSCAPES_WIDTH
+
+
+def _city(name: str, surfaces: list[Surface]) -> SceneObject:
+    return SceneObject(name, CITYSCAPES_IDS[name], surfaces)
+
+
+def _facade(rng: Rng) -> Material:
+    return paint(
+        rng,
+        _pick(rng, ((0.55, 0.52, 0.48), (0.5, 0.3, 0.22), (0.68, 0.62, 0.5), (0.4, 0.42, 0.45))),
+        (0.12, 0.13, 0.16),
+        "checker",
+        rng.uniform(0.25, 0.45),
+        axes=((1, 0, 0), (0, 1, 0)),
+    )
+
+
+def _street_side(rng: Rng, scene: Scene, side: int, curb_x: float, curb: float, length: float) -> float:
+    """The sidewalk, buildings and street furniture on one side (``side`` -1 left, +1 right) of
+    a road whose edge is at x = ``curb_x``; returns the x of the sidewalk's outer edge."""
+    width = rng.uniform(2.0, 4.5)
+    outer = curb_x + side * width
+    lo, hi = sorted((curb_x, outer))
+    pavement = paint(rng, (0.45, 0.43, 0.4), (0.36, 0.35, 0.33), "checker", 2.0, axes=WOOD_AXES)
+    scene.add(
+        _city(
+            "sidewalk", [box(((lo + hi) / 2, curb / 2, -length / 2 + 3), (hi - lo, curb, length), pavement)]
+        )
+    )
+    if rng.random() < 0.35:  # a strip of grass along the outer edge
+        strip = rng.uniform(0.8, 1.5)
+        x = outer - side * strip / 2
+        grass = paint(rng, (0.2, 0.32, 0.08), (0.3, 0.38, 0.12), "noise", 2.0)
+        scene.add(
+            _city(
+                "terrain", [box((x, curb / 2 + 0.01, -length / 2 + 3), (strip, curb + 0.02, length), grass)]
+            )
+        )
+    z = rng.uniform(-4, 2)
+    while z > -length:  # a row of buildings, now and then a gap, a wall or a fence
+        run = rng.uniform(8, 25)
+        kind = rng.choice(["building", "gap", "wall", "fence"], p=[0.75, 0.1, 0.08, 0.07])
+        setback = outer + side * rng.uniform(0.0, 1.5)
+        if kind == "building":
+            height, deep = rng.uniform(6, 25), 12.0
+            scene.add(
+                _city(
+                    "building",
+                    [
+                        box(
+                            (setback + side * deep / 2, height / 2, z - run / 2),
+                            (deep, height, run - 0.2),
+                            _facade(rng),
+                        )
+                    ],
+                )
+            )
+        elif kind in ("wall", "fence"):
+            height = rng.uniform(1.2, 2.5)
+            material = (
+                paint(rng, (0.5, 0.48, 0.44))
+                if kind == "wall"
+                else paint(
+                    rng, (0.3, 0.3, 0.28), (0.15, 0.15, 0.14), "stripes", 6.0, axes=((0, 0, 1), (1, 0, 0))
+                )
+            )
+            scene.add(_city(kind, [box((setback, height / 2, z - run / 2), (0.2, height, run), material)]))
+            if rng.random() < 0.7:  # a building set further back
+                height = rng.uniform(6, 20)
+                scene.add(
+                    _city(
+                        "building",
+                        [
+                            box(
+                                (setback + side * 14, height / 2, z - run / 2),
+                                (12, height, run),
+                                _facade(rng),
+                            )
+                        ],
+                    )
+                )
+        z -= run
+    near = curb_x + side * 0.4  # the curb side of the sidewalk: poles, signs and trees
+    for _ in range(int(rng.integers(0, 4))):
+        pz = -rng.uniform(5, 45)
+        metal = paint(rng, (0.35, 0.36, 0.38))
+        top = rng.uniform(3.0, 6.0)
+        scene.add(_city("pole", [cylinder((near, curb, pz), (near, top, pz), rng.uniform(0.06, 0.1), metal)]))
+        if rng.random() < 0.5:
+            sign = paint(
+                rng, _pick(rng, ((0.7, 0.05, 0.05), (0.05, 0.2, 0.6), (0.85, 0.75, 0.1))), jitter=0.05
+            )
+            scene.add(_city("traffic sign", [box((near, top - 0.5, pz), (0.7, 0.7, 0.06), sign)]))
+        elif rng.random() < 0.4:
+            housing = paint(rng, (0.08, 0.08, 0.08))
+            scene.add(_city("traffic light", [box((near, top - 0.5, pz + 0.1), (0.35, 0.9, 0.3), housing)]))
+    for _ in range(int(rng.integers(0, 4))):
+        tz, trunk, crown = -rng.uniform(4, 60), rng.uniform(2.0, 4.0), rng.uniform(1.5, 3.0)
+        leaves = paint(rng, (0.06, 0.2, 0.04), (0.14, 0.32, 0.06), "patches", 1.5)
+        bark = paint(rng, (0.2, 0.14, 0.08))
+        tx = near + side * 0.6
+        tree = [cylinder((tx, curb, tz), (tx, trunk + 0.5 * crown, tz), 0.15, bark)]
+        tree.append(ball((tx, trunk + crown, tz), (crown, crown * rng.uniform(1.0, 1.3), crown), leaves))
+        scene.add(_city("vegetation", tree))
+    for _ in range(int(rng.integers(0, 3))):  # bins, boxes, bollards: void "static"
+        w = rng.uniform(0.4, 0.9)
+        x = rng.uniform(lo + 0.5, max(hi - 0.5, lo + 0.6))
+        scene.add(
+            _city(
+                "static",
+                [box((x, curb + w / 2, -rng.uniform(4, 30)), (w, w, w), paint(rng, _pick(rng, MUTED)))],
+            )
+        )
+    for _ in range(int(rng.choice([0, 1, 2, 3], p=[0.35, 0.35, 0.2, 0.1]))):
+        x = rng.uniform(lo + 0.5, max(hi - 0.5, lo + 0.6))
+        walker = posed(person(rng, MUTED), rng.uniform(-np.pi, np.pi), (x, curb, -rng.uniform(5, 30)))
+        scene.add(_city("person", walker))
+    if rng.random() < 0.25:
+        bike = posed(_bicycle(rng), _pick(rng, (0.0, np.pi)), (near + side * 0.5, curb, -rng.uniform(5, 25)))
+        scene.add(_city("bicycle", bike))
+    return outer
+
+
+def street_scene(rng: Rng, size: tuple[int, int]) -> Scene:
+    """A street as a Cityscapes car sees it: road, sidewalks, buildings, sky, parked and moving
+    cars, people, poles with signs and lights, trees, and the ego vehicle's bonnet, seen through
+    a camera with Cityscapes' field of view (:func:`cityscapes_focal`)."""
+    width = size[1]
+    fov = 2 * np.arctan(width / 2 / cityscapes_focal(width))
+    cam_h = rng.uniform(1.15, 1.3)
+    camera = Camera.aimed((0.0, cam_h, 0.0), rng.normal(0, 0.04), rng.uniform(0.0, 0.05), fov, size)
+    elevation, azimuth = rng.uniform(0.3, 1.0), rng.uniform(0, 2 * np.pi)
+    overcast = rng.random() < 0.4  # German cities, mostly grey
+    horizon = np.clip(_a([0.7, 0.76, 0.82]) * rng.uniform(0.9, 1.1, 3), 0, 1)
+    zenith = np.clip(_a([0.35, 0.5, 0.75]) * rng.uniform(0.85, 1.15, 3), 0, 1)
+    if overcast:
+        horizon = zenith = _a([0.72, 0.74, 0.76]) * rng.uniform(0.85, 1.1)
+    lighting = Lighting(
+        ambient=_a([0.2, 0.21, 0.23]) * (1.8 if overcast else 1.0),
+        skylight=_a([0.12, 0.14, 0.2]),
+        sun_direction=_a(
+            [np.cos(elevation) * np.sin(azimuth), np.sin(elevation), np.cos(elevation) * np.cos(azimuth)]
+        ),
+        sun=_a([1.0, 0.95, 0.85]) * rng.uniform(1.6, 2.2) * (0.25 if overcast else 1.0),
+        fog=horizon * 0.9,
+        fog_distance=rng.uniform(200, 500),
+        exposure=rng.uniform(0.85, 1.05),
+    )
+    scene = Scene(camera, lighting, sky=(horizon, zenith), noise=0.012)
+    asphalt = paint(rng, (0.2, 0.2, 0.21), (0.26, 0.26, 0.27), "noise", 1.5)
+    scene.add(_city("road", [Surface(Plane(_a([0, 0, 0]), _a([0, 1, 0])), asphalt)]))
+
+    # Driving on the right: the camera's lane is the rightmost one, the road reaches further left.
+    left, right = -rng.uniform(4.5, 9.0), rng.uniform(1.8, 3.5)
+    length, curb = 160.0, rng.uniform(0.1, 0.18)
+    parking = rng.random() < 0.3
+    if parking:  # a parking lane along the right curb (void)
+        lane = paint(rng, (0.3, 0.28, 0.27), (0.22, 0.22, 0.22), "checker", 1.0, axes=WOOD_AXES)
+        scene.add(_city("parking", [box((right - 1.1, 0.005, -length / 2 + 3), (2.2, 0.01, length), lane)]))
+    _street_side(rng, scene, -1, left, curb, length)
+    _street_side(rng, scene, 1, right, curb, length)
+    if rng.random() < 0.5:  # the street ends at a building across it; else the road meets the sky
+        far, height = rng.uniform(60, 140), rng.uniform(8, 25)
+        scene.add(_city("building", [box((0, height / 2, -far - 6), (60, height, 12), _facade(rng))]))
+
+    # Vehicles: parked on the right, moving in the lanes to the left (either direction).
+    taken: list[tuple[float, float, float]] = []  # x, z, half length
+    lanes = [x for x in np.arange(-1.75 - 3.5 * 0.5, left + 1.2, -3.5)]
+    for _ in range(int(rng.integers(1, 6))):
+        bus = rng.random() < 0.1
+        parts = _bus(rng) if bus else _car(rng)
+        lo, hi = extent(parts)
+        half = (hi[2] - lo[2]) / 2
+        if rng.random() < 0.5 or not lanes:
+            x, yaw = right - 1.1, _pick(rng, (0.0, np.pi))
+        else:
+            x, yaw = float(_pick(rng, lanes)), _pick(rng, (0.0, np.pi))
+        z = -rng.uniform(5 + half, 60)
+        if all(abs(x - tx) > 2.2 or abs(z - tz) > half + th + 0.5 for tx, tz, th in taken):
+            taken.append((x, z, half))
+            scene.add(_city("bus" if bus else "car", posed(parts, yaw, (x, 0.0, z))))
+
+    # The ego vehicle's bonnet along the bottom of the view (void; Cityscapes' id 1).
+    bonnet = paint(rng, _pick(rng, ((0.1, 0.1, 0.12), (0.6, 0.6, 0.62), (0.15, 0.2, 0.35))), jitter=0.05)
+    scene.add(_city("ego vehicle", [ball((0, cam_h - 0.45, 0.2), (1.0, 0.27, 2.1), bonnet)]))
     return scene

@@ -282,7 +282,8 @@ class SynthConfig:
     Attributes:
         num_train: training images.
         num_val: validation images.
-        size: image height and width, each at least 16.
+        size: image height and width, each at least 16 (Cityscapes' own aspect is 1:2, e.g.
+            [64, 128], as configs/cityscapes.yaml sets it).
         seed: the same seed writes the same images.
         render_scale: in (0, 1]: render each scene at this fraction of size, then scale the
             rendering up to size (labels by nearest, depth and normals bilinear within an
@@ -317,10 +318,11 @@ class DataConfig:
     """Where the datasets are and how they are loaded.
 
     Attributes:
-        root: folder holding PASCALContext/ and NYUDv2/; null: $FEDMTL_DATA, else ./data.
+        root: folder holding PASCALContext/, NYUDv2/ and Cityscapes/; null: $FEDMTL_DATA, else
+            ./data.
         train_size: training crop and evaluation padding [height, width], each at least 32 (the
             encoder downsamples by 32); null: the paper's sizes (512x512 PASCAL-Context,
-            448x576 NYUD-v2).
+            448x576 NYUD-v2) and FMTL-Bench's 768x1536 for Cityscapes.
         num_workers: DataLoader worker processes per client (0: load in the training process).
         cache_mib: MiB of decoded samples (training and validation, before augmentation) each
             process keeps in memory, so later epochs skip reading and decoding the files; samples

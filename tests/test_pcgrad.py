@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedmtl.cli import main
 from fedmtl.aggregation.pcgrad import pcgrad_coefficients, pcgrad_orders, pcgrad_update
+from fedmtl.cli import main
 from fedmtl.federated import checkpoint
 from fedmtl.methods import create_method
 from fedmtl.seeds import derive_seed
@@ -255,5 +255,7 @@ def test_the_report_lists_a_pcgrad_row(runs, tmp_path, capsys):
     (tmp_path / "local" / "results.json").write_text(json.dumps(local))
     capsys.readouterr()
     assert main(["report", str(tmp_path / "local"), str(runs["one"])]) == 0
-    rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = [
+        line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")
+    ]
     assert rows == ["method", "---", "Local", "PCGrad"], rows  # the baseline first

@@ -44,9 +44,7 @@ def _check_orders(orders: Sequence[Sequence[int]], m: int) -> list[list[int]]:
     for i, order in enumerate(orders):
         order = [int(j) for j in order]
         if sorted(order) != [j for j in range(m) if j != i]:
-            raise ValueError(
-                f"member {i}'s order must list every other member 0..{m - 1} once, got {order}"
-            )
+            raise ValueError(f"member {i}'s order must list every other member 0..{m - 1} once, got {order}")
         checked.append(order)
     return checked
 

@@ -88,7 +88,9 @@ class PCGrad(Method):
         mixing[trained, 0] = 1.0
         own_delta = torch.zeros(n, dtype=torch.float64)
         own_delta[trained] = -1.0  # (θ^(r-1) + Δ) − Δ + U
-        mix = EncoderMix(update, mixing, own={"trained": torch.ones(n, dtype=torch.float64), "delta": own_delta})
+        mix = EncoderMix(
+            update, mixing, own={"trained": torch.ones(n, dtype=torch.float64), "delta": own_delta}
+        )
         decoders, kept = self._decoders(inputs)
         return RoundOutput(mix, decoders, decoders_kept=kept)
 
@@ -109,7 +111,9 @@ class PCGrad(Method):
             owners = [inputs.decoder_owners[k][0] for k in rows]
             index = torch.tensor(rows, device=deltas.device)
             group = deltas.index_select(0, index).to(torch.float64)
-            w = pcgrad_coefficients(gram_matrix(group).cpu(), self.orders(f"decoders/{task}", inputs.round, owners))
+            w = pcgrad_coefficients(
+                gram_matrix(group).cpu(), self.orders(f"decoders/{task}", inputs.round, owners)
+            )
             update = w.to(group.device) @ group
             out[index] = (prev.index_select(0, index).to(torch.float64) + update).to(out.dtype)
             kept[rows] = False

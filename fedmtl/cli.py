@@ -349,7 +349,9 @@ def _parser() -> ArgumentParser:
     synth_parser = ArgumentParser(description="Write a synthetic dataset in the real on-disk layout.")
     synth_parser.add_function_arguments(synth)
     data_commands.add_subcommand("synth", synth_parser, help="generate a synthetic dataset")
-    root_help = "data root holding PASCALContext/, NYUDv2/ and Cityscapes/ (default: $FEDMTL_DATA, else ./data)"
+    root_help = (
+        "data root holding PASCALContext/, NYUDv2/ and Cityscapes/ (default: $FEDMTL_DATA, else ./data)"
+    )
     check_parser = ArgumentParser(description="Check the datasets of a data root (fedmtl.data.check).")
     check_parser.add_argument("--root", type=str | None, default=None, help=root_help)
     check_parser.add_argument(

@@ -51,6 +51,7 @@ METHODS = (
     "FedAMP",
     "MaTFL",
     "FedHCA2",
+    "CAGrad",
 )
 
 

@@ -52,6 +52,7 @@ METHODS = (
     "MaTFL",
     "FedHCA2",
     "PCGrad",
+    "CAGrad",
 )
 
 

@@ -29,7 +29,7 @@ class PCGrad(Method):
     Each client's delta Δ_i = θ_i' − θ_i^(r-1) is normalised; for each client i, in a seeded
     random order of the others j, the component along ĝ_j is removed from PC_i where their
     inner product is negative; U = mean_i PC_i (:mod:`fedmtl.aggregation.pcgrad`), and every
-    client that trained gets θ_i^(r-1) + U: its own previous parameters plus the one update.
+    client gets θ_i^(r-1) + U: its own previous parameters plus the one update.
     ‖U‖ ≤ 1, whatever the deltas' size. Heads and BatchNorm statistics stay local.
 
     The orders: client i's order of the others in a pool is drawn from
@@ -37,16 +37,18 @@ class PCGrad(Method):
     ``"decoders/<task>"``, i the client's index), so one or two devices and a resumed run
     draw the same orders. The method keeps no server state.
 
-    Participation: the mean is over the clients that trained this round (a sampled-out,
-    unavailable or dropped client has no delta and is not counted); a client that did not
-    train keeps its encoder and decoders as they are and receives nothing this round (it sent
-    nothing either). A client that trained but whose delta is exactly zero counts in the mean
-    and adds 0 to it, as in the public code.
+    Participation: U is the mean over the clients that trained this round (a sampled-out,
+    unavailable or dropped client has no delta and is not counted), and every client, those
+    that did not train included, receives θ_i^(r-1) + U (as CAGrad, and as FedAvg gives a
+    group's mean to its members that sat the round out); a decoder group none of whose clients
+    trained keeps its parameters. The engine therefore loads every client in every round. A
+    client that trained but whose delta is exactly zero counts in the mean and adds 0 to it, as
+    in the public code.
 
     Args:
         decoder_scope: ``same_task`` (default): the decoders of each task, across clients and
             datasets (as FedAvg's ``decoder_scope: same_task`` groups them), get one PCGrad step
-            within their group: each decoder that trained gets its own previous parameters plus
+            within their group: each decoder of the task gets its own previous parameters plus
             its group's U. ``none``: decoders stay as each client trained them. FMTL-Bench runs
             PCGrad with ``--decoder_agg pcgrad`` on its one task-conditioned decoder per client;
             fedmtl's decoders are one per task, whose counterpart across clients is the decoder
@@ -72,8 +74,12 @@ class PCGrad(Method):
 
     # ------------------------------------------------------------------ the server step
 
+    #: A client that did not train still receives θ^(r-1) + U, so its rows (its round-start
+    #: parameters) are read; its zero delta does not enter the step.
+    reads_every_client = True
+
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
-        return ("delta",)
+        return ("delta", "prev")
 
     @torch.no_grad()
     def server_step(self, inputs: RoundInput, encoders: Mapping[str, EncoderRows]) -> RoundOutput:
@@ -84,19 +90,14 @@ class PCGrad(Method):
         weights = torch.zeros(1, n, dtype=torch.float64)
         weights[0, trained] = w
         update = encoders["delta"].weighted_sums(weights)  # a second pass: U [1, P]
-        mixing = torch.zeros(n, 1, dtype=torch.float64)
-        mixing[trained, 0] = 1.0
-        own_delta = torch.zeros(n, dtype=torch.float64)
-        own_delta[trained] = -1.0  # (θ^(r-1) + Δ) − Δ + U
-        mix = EncoderMix(
-            update, mixing, own={"trained": torch.ones(n, dtype=torch.float64), "delta": own_delta}
-        )
+        ones = torch.ones(n, dtype=torch.float64)
+        mix = EncoderMix(update, mixing=ones[:, None], own={"prev": ones})  # θ^(r-1) + U
         decoders, kept = self._decoders(inputs)
         return RoundOutput(mix, decoders, decoders_kept=kept)
 
     def _decoders(self, inputs: RoundInput) -> tuple[Tensor, Tensor]:
-        """Each task's decoders that trained get their own previous parameters plus their
-        group's U; the others keep what the client holds."""
+        """Per task, every decoder gets its own previous parameters plus U_t, the PCGrad step
+        of the task's decoders that trained; a task none of whose decoders trained is kept."""
         prev, deltas = inputs.decoders_prev, inputs.decoder_deltas
         out = prev + deltas
         kept = torch.ones(inputs.num_decoders, dtype=torch.bool)
@@ -105,17 +106,18 @@ class PCGrad(Method):
         trained = set(inputs.participating_decoders)
         groups: dict[str, list[int]] = {}
         for k, (_, task) in enumerate(inputs.decoder_owners):
-            if k in trained:
-                groups.setdefault(task, []).append(k)
+            groups.setdefault(task, []).append(k)
         for task, rows in groups.items():
-            owners = [inputs.decoder_owners[k][0] for k in rows]
-            index = torch.tensor(rows, device=deltas.device)
-            group = deltas.index_select(0, index).to(torch.float64)
+            sources = [k for k in rows if k in trained]
+            if not sources:
+                continue  # nobody trained this task's decoder: kept
+            owners = [inputs.decoder_owners[k][0] for k in sources]
+            group = deltas[sources].to(torch.float64)
             w = pcgrad_coefficients(
                 gram_matrix(group).cpu(), self.orders(f"decoders/{task}", inputs.round, owners)
             )
             update = w.to(group.device) @ group
-            out[index] = (prev.index_select(0, index).to(torch.float64) + update).to(out.dtype)
+            out[rows] = (prev[rows].to(torch.float64) + update).to(out.dtype)
             kept[rows] = False
         return out, kept
 

@@ -21,7 +21,8 @@ At the end it writes, in ``OUT``:
 * ``timing.json``: the wall time of the whole command and of each run;
 
 then records the report, the learnt table and the runs' timings in
-``benchmarks/results/benchmark_<config name>.md`` with the command, commit, date and machine
+``benchmarks/results/benchmark_<config name>.md`` (or ``--record NAME``: ``NAME.md``, for a run of
+some ``--methods`` beside the full record) with the command, commit, date and machine
 (``benchmarks/results_file.py``; the docs include it), and prints the report and the wall
 time.
 """
@@ -119,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one CPU thread each)")
+    parser.add_argument(
+        "--record",
+        default=None,
+        help="name of the results file in benchmarks/results/ (default: benchmark_<config stem>); "
+        "a run of some --methods only records under another name, beside the full benchmark's",
+    )
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"--config {args.config}: no such file")
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         f"invocation, {len(jobs) - len(trained)} finished by an earlier one and reused (not timed here)"
     )
     record = _results_file().write(
-        f"benchmark_{args.config.stem}",
+        args.record or f"benchmark_{args.config.stem}",
         f"Method benchmark on {args.config.name}",
         "\n".join(
             [

@@ -81,7 +81,7 @@ FORMATS = ("markdown", "csv", "latex")
 DELTA_M_AVERAGES = ("cells", "columns")
 # How a paper names them; anything not here is shown as fedmtl names it.
 ALGORITHM_NAMES = {"FedHCA2": "FedHCA²", "MaTFL": "MaT-FL"}
-DATASET_NAMES = {"pascal_context": "PASCAL-Context", "nyud": "NYUD"}
+DATASET_NAMES = {"pascal_context": "PASCAL-Context", "nyud": "NYUD", "cityscapes": "Cityscapes"}
 UNITS = {"mIoU": "%", "maxF": "%", "odsF": "%", "mErr": "°", "RMSE": "m"}  # fedmtl.metrics' scales
 CURVE_SUFFIXES = (".png", ".svg")
 BASELINE_ALGORITHM = "Local"

@@ -65,3 +65,13 @@ def test_report_shows_the_cityscapes_columns(run, capsys):
     assert main(["report", str(run_dir), "--baseline", str(run_dir), "--format", "csv"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert "cityscapes-semseg" in header and "cityscapes-depth" in header, header
+
+
+def test_the_markdown_report_names_cityscapes_as_a_paper_does(run, capsys):
+    from fedmtl.cli import main
+
+    run_dir, _, _ = run
+    capsys.readouterr()
+    assert main(["report", str(run_dir), "--baseline", str(run_dir)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "Cityscapes depth RMSE ↓" in header, header

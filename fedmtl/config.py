@@ -396,7 +396,7 @@ class DataConfig:
             if dataset not in SYNTH_DATASETS:  # a misspelt key would leave its dataset missing, silently
                 raise ValueError(
                     f"data.synth has no dataset {dataset!r}: its keys are the datasets to generate, "
-                    f"{' or '.join(SYNTH_DATASETS)}; correct or remove that key"
+                    f"{', '.join(SYNTH_DATASETS[:-1])} or {SYNTH_DATASETS[-1]}; correct or remove that key"
                 )
             synth.check(f"data.synth.{dataset}")
 

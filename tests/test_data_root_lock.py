@@ -289,8 +289,8 @@ def test_a_misspelt_data_synth_key_is_refused_naming_it_and_the_valid_keys(tmp_p
     config = tiny_config(tmp_path, data_root)
     lines = fit_refused(config, tmp_path / "run", capsys, "--data.synth", '{"nyu": {"num_train": 4}}')
     assert lines == [
-        "error: data.synth has no dataset 'nyu': its keys are the datasets to generate, nyud or "
-        "pascal_context; correct or remove that key"
+        "error: data.synth has no dataset 'nyu': its keys are the datasets to generate, "
+        "cityscapes, nyud or pascal_context; correct or remove that key"
     ]
 
 

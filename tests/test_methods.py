@@ -168,7 +168,7 @@ def test_fedhca2_refuses_client_sampling_with_a_clear_error(tmp_path, data_root,
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--algorithm", "FedProxx"], "known methods: Ditto, FedAMP, FedAvg"),
+        (["--algorithm", "FedProxx"], "known methods: CAGrad, Ditto, FedAMP, FedAvg"),
         (["--algorithm", "FedProx", "--algorithm.mu", "-0.5"], "algorithm.mu must be >= 0"),
         (["--algorithm", "Ditto", "--algorithm.lam", "-1"], "algorithm.lam must be >= 0"),
         (["--algorithm", "FedAMP", "--algorithm.sigma", "0"], "algorithm.sigma must be > 0"),

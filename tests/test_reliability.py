@@ -432,7 +432,7 @@ def test_config_changes_ignore_where_the_run_executes():
     ("extra", "expected"),
     [
         (["--rounds", "abc"], "Parser key \"rounds\": Expected a <class 'int'>. Got value: abc"),
-        (["--algorithm", "Nope"], "no method named 'Nope'; known methods: Ditto, FedAMP"),
+        (["--algorithm", "Nope"], "no method named 'Nope'; known methods: CAGrad, Ditto, FedAMP"),
         (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
         (["--nonfinite", "maybe"], 'Parser key "nonfinite": Expected a typing.Literal'),
         (["--overwrite", "sure"], "Parser key \"overwrite\": Expected a <class 'bool'>"),

@@ -18,10 +18,11 @@ module only knows the server side.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fedmtl.aggregation.flat import FlatLayout
@@ -232,6 +233,26 @@ class RoundInput:
     def homogeneous_groups(self, rule: str = "same_tasks") -> list[list[int]]:
         """The clients' homogeneous groups (FedHCA², Sec. 3.3): :func:`homogeneous_groups`."""
         return homogeneous_groups(self.clients, rule)
+
+    def decoders_plus_one_update_per_task(
+        self, update: Callable[[str, list[int]], Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """Decoders [K, Q] where every decoder of a task gets θ_k^(r-1) + ``update(task,
+        rows that trained)`` (one update [Q] per task, CAGrad's and PCGrad's), and the rows
+        kept as their clients hold them [K] (bool): the tasks none of whose decoders trained."""
+        prev, deltas = self.decoders_prev, self.decoder_deltas
+        out = prev + deltas
+        kept = torch.ones(self.num_decoders, dtype=torch.bool)
+        trained = set(self.participating_decoders)
+        tasks: dict[str, list[int]] = {}
+        for row, (_, task) in enumerate(self.decoder_owners):
+            tasks.setdefault(task, []).append(row)
+        for task, rows in tasks.items():
+            sources = [r for r in rows if r in trained]
+            if sources:
+                out[rows] = (prev[rows].double() + update(task, sources).double()).to(out.dtype)
+                kept[rows] = False
+        return out, kept
 
 
 #: The rules :func:`homogeneous_groups` knows, the default first.

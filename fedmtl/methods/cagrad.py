@@ -114,25 +114,15 @@ class CAGrad(Method):
         return EncoderMix(update, mixing=ones[:, None], own={"prev": ones})
 
     def _decoders(self, inputs: RoundInput) -> tuple[Tensor, Tensor]:
-        """The decoders [K, Q] and the rows left as their clients hold them [K] (bool): per task,
+        """The decoders [K, Q] and the rows kept as their clients hold them [K]: per task,
         θ_k^(r-1) + U_t for every decoder of the task, U_t from the decoders that trained."""
-        prev, deltas = inputs.decoders_prev, inputs.decoder_deltas
-        out = prev + deltas
-        kept = torch.ones(inputs.num_decoders, dtype=torch.bool)
         if self.decoder_scope == "none":
-            return out, kept
-        trained = set(inputs.participating_decoders)
-        groups: dict[str, list[int]] = {}
-        for row, (_, task) in enumerate(inputs.decoder_owners):
-            groups.setdefault(task, []).append(row)
-        for rows in groups.values():
-            sources = [r for r in rows if r in trained]
-            if not sources:
-                continue  # nobody trained this task's decoder: kept
-            update = conflict_averse_update(deltas[sources], self.c, self.rescale)
-            out[rows] = prev[rows] + update
-            kept[rows] = False
-        return out, kept
+            return inputs.decoders_prev + inputs.decoder_deltas, torch.ones(
+                inputs.num_decoders, dtype=torch.bool
+            )
+        return inputs.decoders_plus_one_update_per_task(
+            lambda task, rows: conflict_averse_update(inputs.decoder_deltas[rows], self.c, self.rescale)
+        )
 
     # ------------------------------------------------------------------ the client
 

@@ -98,28 +98,18 @@ class PCGrad(Method):
     def _decoders(self, inputs: RoundInput) -> tuple[Tensor, Tensor]:
         """Per task, every decoder gets its own previous parameters plus U_t, the PCGrad step
         of the task's decoders that trained; a task none of whose decoders trained is kept."""
-        prev, deltas = inputs.decoders_prev, inputs.decoder_deltas
-        out = prev + deltas
-        kept = torch.ones(inputs.num_decoders, dtype=torch.bool)
         if self.decoder_scope == "none":
-            return out, kept
-        trained = set(inputs.participating_decoders)
-        groups: dict[str, list[int]] = {}
-        for k, (_, task) in enumerate(inputs.decoder_owners):
-            groups.setdefault(task, []).append(k)
-        for task, rows in groups.items():
-            sources = [k for k in rows if k in trained]
-            if not sources:
-                continue  # nobody trained this task's decoder: kept
-            owners = [inputs.decoder_owners[k][0] for k in sources]
-            group = deltas[sources].to(torch.float64)
-            w = pcgrad_coefficients(
-                gram_matrix(group).cpu(), self.orders(f"decoders/{task}", inputs.round, owners)
+            return inputs.decoders_prev + inputs.decoder_deltas, torch.ones(
+                inputs.num_decoders, dtype=torch.bool
             )
-            update = w.to(group.device) @ group
-            out[rows] = (prev[rows].to(torch.float64) + update).to(out.dtype)
-            kept[rows] = False
-        return out, kept
+
+        def update(task: str, rows: list[int]) -> Tensor:
+            group = inputs.decoder_deltas[rows].to(torch.float64)
+            owners = [inputs.decoder_owners[k][0] for k in rows]
+            orders = self.orders(f"decoders/{task}", inputs.round, owners)
+            return pcgrad_coefficients(gram_matrix(group).cpu(), orders).to(group.device) @ group
+
+        return inputs.decoders_plus_one_update_per_task(update)
 
     def receive(self, ctx: ClientContext, encoder: Tensor | None, decoders: Mapping[str, Tensor]) -> None:
         """With ``decoder_scope: none`` the decoders keep the bits the client trained."""

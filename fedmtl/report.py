@@ -39,9 +39,10 @@ seed against the baseline run of the same seed, then averaged (mean ± std of th
 not the Δm of the mean metrics). Its terms (:func:`run_delta_m`, ``--delta_m``): ``cells``
 (the default, the paper's 2C/4C tables) one per (dataset, task), the metric first averaged
 over the clients holding it, in the run and in the baseline alike; ``columns`` one per
-(client, task) column. The two are equal where each (dataset, task) has one client. The baseline is the
-Local run(s) unless ``--baseline`` names a run directory or a row label; a method with a seed
-the baseline lacks is an error, as is a baseline metric of 0 (Δm undefined).
+(client, task) column. The two are equal where each (dataset, task) has one client. The
+baseline is the Local run(s) unless ``--baseline`` names a run directory or a row label; a
+method with a seed the baseline lacks is an error, as is a baseline term of 0 (Δm undefined;
+with cells, a cell whose clients all score 0).
 
 Cost. ``MB/round`` is the mean over the rounds of the bytes all clients sent and received in
 one (10^6 bytes), ``GB total`` the whole run's (10^9 bytes), each the mean over the method's
@@ -640,10 +641,18 @@ def paired_delta_m(
     return run_delta_m(run.metrics, base.metrics, columns, average)
 
 
-def check_baseline_defined(baseline: RunGroup, columns: Sequence[Column]) -> None:
-    """Δm divides by the baseline's values: a 0 (an mIoU of an untrained model) leaves it undefined."""
+def check_baseline_defined(
+    baseline: RunGroup, columns: Sequence[Column], average: str = DELTA_M_AVERAGES[0]
+) -> None:
+    """Δm divides by the baseline's value of each of its terms (:func:`delta_m_terms`): a 0 (an
+    mIoU of an untrained model) leaves it undefined. A cell is 0 only where all its clients are."""
+    by_key = {c.key: c for c in columns}
     for run in baseline.runs:
-        zero = [f"{c.key} {c.metric}" for c in columns if run.metrics[c.key] == 0]
+        zero = [
+            " + ".join(f"{by_key[k].key} {by_key[k].metric}" for k in keys)
+            for keys in delta_m_terms(columns, average).values()
+            if statistics.fmean(run.metrics[k] for k in keys) == 0
+        ]
         if zero:
             raise ValueError(
                 f"Δm is undefined against baseline {baseline.label}: {run.path} has {_few(zero)} = 0 "
@@ -667,7 +676,7 @@ def compute_table(report: Report) -> Table:
     """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
     if report.baseline is None:
         raise ValueError("no baseline: name one with --baseline RUN_DIR or --baseline LABEL")
-    check_baseline_defined(report.baseline, report.columns)
+    check_baseline_defined(report.baseline, report.columns, report.delta_m)
     rows = []
     for method in report.methods:
         pairs = paired_runs(method, report.baseline)
@@ -1014,14 +1023,16 @@ def delta_m_series(
     history: History, baseline: History, columns: Sequence[Column], average: str = DELTA_M_AVERAGES[0]
 ) -> tuple[list[int], list[float]]:
     """Δm (:func:`run_delta_m`) per round where both runs evaluated every column, finite, and
-    Δm is defined (no baseline 0)."""
+    Δm is defined (no baseline term of 0, as :func:`check_baseline_defined`)."""
     keys = {c.key for c in columns}
+    terms = list(delta_m_terms(columns, average).values())
     rounds, values = [], []
     for r in sorted(set(history) & set(baseline)):
         mine, base = history[r], baseline[r]
         if not (keys <= mine.keys() and keys <= base.keys()):
             continue
-        if all(math.isfinite(mine[k]) and math.isfinite(base[k]) and base[k] != 0 for k in keys):
+        finite = all(math.isfinite(mine[k]) and math.isfinite(base[k]) for k in keys)
+        if finite and all(statistics.fmean(base[k] for k in term) != 0 for term in terms):
             rounds.append(r)
             values.append(run_delta_m(mine, base, columns, average))
     return rounds, values

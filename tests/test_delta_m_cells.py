@@ -128,3 +128,28 @@ def test_an_unknown_delta_m_is_refused_in_one_line(hand_runs, tmp_path, capsys):
     assert "or columns" in line
     with pytest.raises(ValueError, match="--delta_m is 'rows'"):
         compare(hand_runs, delta_m="rows")
+
+
+def _baseline(metrics: dict[str, float]) -> report.RunGroup:
+    run = report.Run(Path("local"), "Local", 0, {}, HAND, metrics, "k")
+    return report.RunGroup("Local", (run,))
+
+
+def test_a_zero_client_in_a_cell_leaves_cells_defined_but_not_columns():
+    """Δm divides by each term's baseline: with cells, the semseg cell's (0 + 20)/2 = 10 is a
+    divisor; with columns, client a's 0 is not."""
+    base = _baseline({"a/semseg": 0.0, "b/semseg": 20.0, "c/normals": 20.0})
+    report.check_baseline_defined(base, HAND, "cells")
+    with pytest.raises(ValueError, match=r"local has a/semseg mIoU = 0 \(Δm is relative"):
+        report.check_baseline_defined(base, HAND, "columns")
+    both_zero = _baseline({"a/semseg": 0.0, "b/semseg": 0.0, "c/normals": 20.0})
+    with pytest.raises(ValueError, match=r"local has a/semseg mIoU \+ b/semseg mIoU = 0"):
+        report.check_baseline_defined(both_zero, HAND, "cells")
+
+
+def test_the_curves_skip_a_round_only_where_a_term_of_the_baseline_is_0():
+    history = {1: {"a/semseg": 30.0, "b/semseg": 50.0, "c/normals": 18.0}}
+    baseline = {1: {"a/semseg": 0.0, "b/semseg": 40.0, "c/normals": 20.0}}
+    # cells: semseg 40 against 20, +100 %; normals +10 %: Δm 55. columns: a's 0 leaves it undefined.
+    assert report.delta_m_series(history, baseline, HAND, "cells") == ([1], [pytest.approx(55.0)])
+    assert report.delta_m_series(history, baseline, HAND, "columns") == ([], [])

@@ -77,11 +77,7 @@ class Cityscapes(DenseDataset):
             sample["semseg"] = self.semseg_label(image_id).astype(np.float32)
         if "depth" in self.tasks:
             sample["depth"] = decode_disparity(read_disparity_png(layout.disparity(split, image_id)))
-        for task in self.tasks:
-            if sample[task].shape[:2] != image.shape[:2]:
-                raise ValueError(
-                    f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {image.shape[:2]}"
-                )
+        self._check_label_shapes(image_id, sample)
         return sample
 
 

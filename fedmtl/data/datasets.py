@@ -223,6 +223,13 @@ class DenseDataset(torch.utils.data.Dataset):
         sample["meta"] = {"id": image_id, "index": self.split_indices[index], "size": (height, width)}
         return sample
 
+    def _check_label_shapes(self, image_id: str, sample: Sample) -> None:
+        """Every requested label has the image's height and width (called by ``_load``)."""
+        shape = sample["image"].shape[:2]
+        for task in self.tasks:
+            if sample[task].shape[:2] != shape:
+                raise ValueError(f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {shape}")
+
     def _raw(self, index: int) -> Sample:
         """Sample ``index`` before transforms: its decoded files (a subclass may change labels
         by position; the cached sample itself is never modified)."""

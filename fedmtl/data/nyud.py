@@ -83,11 +83,7 @@ class NYUD(DenseDataset):
             sample["edge"] = read_grey_label(layout.edge(image_id)) / 255.0
         if "depth" in self.tasks:
             sample["depth"] = np.load(layout.depth(image_id)).astype(np.float32)
-        for task in self.tasks:
-            if sample[task].shape[:2] != image.shape[:2]:
-                raise ValueError(
-                    f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {image.shape[:2]}"
-                )
+        self._check_label_shapes(image_id, sample)
         return sample
 
 

@@ -344,9 +344,7 @@ class PascalContext(DenseDataset):
             sample["normals"] = normals
         if "edge" in self.tasks:
             sample["edge"] = self.edge_label(label_map)
-        for task in self.tasks:
-            if sample[task].shape[:2] != shape:
-                raise ValueError(f"{task} label of {image_id} is {sample[task].shape[:2]}, image is {shape}")
+        self._check_label_shapes(image_id, sample)
         return sample
 
 

@@ -49,9 +49,10 @@ class CAGrad(Method):
     Heads stay local.
 
     With client sampling (``participation`` < 1), an unavailable client or a dropped update,
-    U is solved from the clients that trained only, and every client, those that did not train
-    included, receives θ_i^(r-1) + U (as FedAvg gives a group's mean to its members that sat
-    the round out), so the encoders stay in step. A decoder group none of whose clients trained
+    U is solved from the clients that trained only, and every client that sampling left out
+    receives θ_i^(r-1) + U too (as FedAvg gives a group's mean to its members that sat the
+    round out), so the encoders stay in step; an unavailable client or one whose update was
+    dropped keeps its state, as the engine does for every method. A decoder group none of whose clients trained
     keeps its parameters. The engine therefore loads every client in every round.
 
     The server keeps no state between rounds: a resumed run continues bit for bit.

@@ -38,9 +38,10 @@ class PCGrad(Method):
     draw the same orders. The method keeps no server state.
 
     Participation: U is the mean over the clients that trained this round (a sampled-out,
-    unavailable or dropped client has no delta and is not counted), and every client, those
-    that did not train included, receives θ_i^(r-1) + U (as CAGrad, and as FedAvg gives a
-    group's mean to its members that sat the round out); a decoder group none of whose clients
+    unavailable or dropped client has no delta and is not counted), and every client that
+    sampling left out receives θ_i^(r-1) + U too (as CAGrad, and as FedAvg gives a group's
+    mean to its members that sat the round out; an unavailable client or one whose update was
+    dropped keeps its state, as the engine does for every method); a decoder group none of whose clients
     trained keeps its parameters. The engine therefore loads every client in every round. A
     client that trained but whose delta is exactly zero counts in the mean and adds 0 to it, as
     in the public code.

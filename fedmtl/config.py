@@ -525,6 +525,139 @@ class AvailabilityConfig:
         return self.dropout > 0 or self.stragglers > 0
 
 
+PRIVACY_MODES = ("central", "local", "sample")
+ACCOUNTANTS = ("rdp", "prv")
+
+
+@dataclass(frozen=True)
+class AdaptiveClipConfig:
+    """Adaptive clipping (Andrew et al., NeurIPS 2021) of client-level DP: the clip norm
+    follows a quantile of the clients' update norms, learned from a noisy count of the
+    clients whose update was not clipped (docs/privacy.md).
+
+    Attributes:
+        enabled: adapt privacy.clip after every round (privacy.clip is the starting value).
+        target_quantile: γ, the fraction of the clients' updates meant to fit under the clip
+            norm, in [0, 1] (0.5: the median, the paper's default).
+        clip_lr: η, the geometric step: C ← C·exp(−η(b̄ − γ)), b̄ the noisy fraction of
+            unclipped updates; > 0 (0.2, the paper's).
+        count_stddev: σ_b, the standard deviation of the noise added to the count of unclipped
+            updates; > 0; null: the expected number of clients per round / 20 (the paper's
+            choice). The update's noise multiplier is then (z⁻² − (2σ_b)⁻²)^(-1/2), so the
+            pair spends what z alone would (needs 2σ_b > z).
+    """
+
+    enabled: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    count_stddev: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.target_quantile) and 0 <= self.target_quantile <= 1):
+            raise ValueError(
+                f"privacy.adaptive_clip.target_quantile must be in [0, 1], got {self.target_quantile!r}: "
+                "the fraction of client updates meant to fit under the clip norm (0.5: the median)"
+            )
+        _positive(
+            "privacy.adaptive_clip.clip_lr",
+            self.clip_lr,
+            " (the clip norm's geometric step; 0.2 is the paper's)",
+        )
+        if self.count_stddev is not None:
+            _positive(
+                "privacy.adaptive_clip.count_stddev",
+                self.count_stddev,
+                " (the noise on the count of unclipped updates; null: the expected clients per round / 20)",
+            )
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Differential privacy of the run (docs/privacy.md). Off by default.
+
+    Attributes:
+        mode: what is protected and where the noise is added. central: client-level DP by a
+            trusted server: each client's shared update is clipped to clip, the server adds
+            Gaussian noise of standard deviation noise_multiplier·clip to every group's sum
+            (the FedAvg family only). local: client-level DP on the client: each update is
+            clipped and noised before it leaves, so any server step sees only privatised
+            updates (every method). sample: sample-level DP-SGD inside local training with
+            Opacus (per-sample clipping, Poisson sampling). null: no privacy.
+        noise_multiplier: z >= 0, the noise's standard deviation in units of clip; null: derived
+            from target_epsilon before training.
+        clip: C > 0, the L2 norm a client's update (central, local) or a sample's gradient
+            (sample) is clipped to; .inf: no clipping (then z must be 0).
+        delta: δ of the (ε, δ) guarantee, in (0, 1); below 1 / the number of clients (central,
+            local) or of a client's samples (sample).
+        target_epsilon: ε > 0. With noise_multiplier null, z is the smallest that keeps the
+            whole run within it; with noise_multiplier set, the run stops after the last round
+            that keeps ε within it.
+        accountant: rdp (Rényi DP, Mironov et al.) or prv (privacy random variables, Gopi et
+            al.), both Opacus's.
+        adaptive_clip: adaptive clipping of client-level DP (central, local).
+    """
+
+    mode: Literal["central", "local", "sample"] | None = None
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    delta: float = 1e-5
+    target_epsilon: float | None = None
+    accountant: Literal["rdp", "prv"] = "rdp"
+    adaptive_clip: AdaptiveClipConfig = field(default_factory=AdaptiveClipConfig)
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in PRIVACY_MODES:
+            raise ValueError(
+                f"privacy.mode must be one of {', '.join(PRIVACY_MODES)} or null, got {self.mode!r} "
+                "(central: noise on the server's sum; local: on each client's update; sample: DP-SGD)"
+            )
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(f"privacy.accountant must be rdp or prv, got {self.accountant!r}")
+        z = self.noise_multiplier
+        if z is not None and not (math.isfinite(z) and z >= 0):
+            raise ValueError(
+                f"privacy.noise_multiplier must be a finite number >= 0, got {z!r} (the noise's standard "
+                "deviation in units of privacy.clip; null: derived from privacy.target_epsilon)"
+            )
+        if not (self.clip > 0):  # inf allowed; NaN fails
+            raise ValueError(
+                f"privacy.clip must be > 0 (.inf: no clipping), got {self.clip!r}: the L2 norm an update "
+                "or a sample's gradient is clipped to"
+            )
+        if not (math.isfinite(self.delta) and 0 < self.delta < 1):
+            raise ValueError(
+                f"privacy.delta must be in (0, 1), got {self.delta!r}: the δ of the (ε, δ) guarantee, "
+                "below 1 / the number of clients (or of a client's samples for mode sample)"
+            )
+        if self.target_epsilon is not None:
+            _positive("privacy.target_epsilon", self.target_epsilon, " (the ε the run may spend)")
+        if self.mode is None:
+            return
+        if z is None and self.target_epsilon is None:
+            raise ValueError(
+                f"privacy.mode is {self.mode} but neither privacy.noise_multiplier nor privacy.target_epsilon "
+                "is set: set one (e.g. --privacy.noise_multiplier 1.0)"
+            )
+        if math.isinf(self.clip) and (z is None or z > 0):
+            raise ValueError(
+                f"privacy.clip is inf but the noise multiplier is {'derived from target_epsilon' if z is None else z}: "
+                "the noise z·C would be infinite; set a finite privacy.clip (or noise_multiplier 0)"
+            )
+        if self.adaptive_clip.enabled and self.mode == "sample":
+            raise ValueError(
+                "privacy.adaptive_clip is for client-level DP (mode central or local); mode sample clips "
+                "each sample's gradient to privacy.clip: set privacy.adaptive_clip.enabled false"
+            )
+        if self.adaptive_clip.enabled and math.isinf(self.clip):
+            raise ValueError(
+                "privacy.adaptive_clip starts from privacy.clip, which is inf: set a finite privacy.clip"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not None
+
+
 AGGREGATIONS = ("auto", "stacked", "streamed")
 
 
@@ -576,6 +709,10 @@ class RunConfig:
             of columns at a time, so memory does not grow with N × P; auto: streamed once the
             stacks would pass 1 GiB. Both run the method's one server step and give the
             same parameters up to float rounding.
+        privacy: differential privacy (docs/privacy.md); off by default.
+        secure_aggregation: the server reads only the masked sum of each group's updates, as
+            secure aggregation gives it (pairwise masks in an integer ring; docs/privacy.md):
+            only for methods whose server step needs nothing but those sums (the FedAvg family).
     """
 
     clients: list[ClientGroup]
@@ -601,6 +738,8 @@ class RunConfig:
     checkpoint_keep: int = 2
     store: Literal["memory", "disk"] = "memory"
     aggregation: Literal["auto", "stacked", "streamed"] = "auto"
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    secure_aggregation: bool = False
 
     @classmethod
     def from_namespace(cls, namespace: Any) -> RunConfig:

@@ -543,6 +543,26 @@ def format_server_values(values: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _privacy_rounds(cfg: Any, num_clients: int) -> Any:
+    """``cfg`` checked against its method for privacy (one line each) and, where it stops at
+    ``privacy.target_epsilon`` before its last round, with that many rounds (said once)."""
+    import dataclasses
+
+    from fedmtl.privacy.run import check_privacy, last_round_within_target
+
+    check_privacy(cfg)
+    last = last_round_within_target(cfg, num_clients)
+    if last is None or last >= cfg.rounds:
+        return cfg
+    if _is_leader():
+        print(
+            f"privacy: ε would pass target_epsilon {cfg.privacy.target_epsilon} after round {last}, so the run "
+            f"stops there (of rounds: {cfg.rounds}); results.json says so (privacy.stopped_at_target)",
+            file=sys.stderr,
+        )
+    return dataclasses.replace(cfg, rounds=last)
+
+
 def _instantiate(parser: ArgumentParser, cfg_ns: Namespace) -> Any:
     """The RunConfig of ``cfg_ns``. A method checks its options as ``algorithm.NAME``; FedDEA's
     host is built before FedDEA, nested, so its refusals are renamed ``algorithm.host.NAME``."""
@@ -640,6 +660,7 @@ def fit_namespace(parser: ArgumentParser, cfg_ns: Namespace) -> dict[str, Any] |
     fresh = _check_run_dir(parser, cfg, cfg_ns) if leader else False
     preflight.check_environment(cfg)
     cfg.algorithm.check_run(cfg.rounds, count_clients(cfg))
+    cfg = _privacy_rounds(cfg, count_clients(cfg))
     _ensure_data(cfg)
     # A finished run, resumed, only reprints its results: no model is built, so none is checked
     finished = None if fresh else finished_results(cfg)

@@ -586,7 +586,7 @@ class PrivacyConfig:
         noise_multiplier: z >= 0, the noise's standard deviation in units of clip; null: derived
             from target_epsilon before training.
         clip: C > 0, the L2 norm a client's update (central, local) or a sample's gradient
-            (sample) is clipped to; .inf: no clipping (then z must be 0).
+            (sample) is clipped to; inf (YAML: .inf): no clipping (then z must be 0).
         delta: δ of the (ε, δ) guarantee, in (0, 1); below 1 / the number of clients (central,
             local) or of a client's samples (sample).
         target_epsilon: ε > 0. With noise_multiplier null, z is the smallest that keeps the
@@ -599,7 +599,7 @@ class PrivacyConfig:
 
     mode: Literal["central", "local", "sample"] | None = None
     noise_multiplier: float | None = None
-    clip: float = 1.0
+    clip: float | Literal["inf"] = 1.0
     delta: float = 1e-5
     target_epsilon: float | None = None
     accountant: Literal["rdp", "prv"] = "rdp"
@@ -619,9 +619,11 @@ class PrivacyConfig:
                 f"privacy.noise_multiplier must be a finite number >= 0, got {z!r} (the noise's standard "
                 "deviation in units of privacy.clip; null: derived from privacy.target_epsilon)"
             )
+        if self.clip == "inf":  # what a command line gives; YAML's .inf is a float already
+            object.__setattr__(self, "clip", math.inf)
         if not (self.clip > 0):  # inf allowed; NaN fails
             raise ValueError(
-                f"privacy.clip must be > 0 (.inf: no clipping), got {self.clip!r}: the L2 norm an update "
+                f"privacy.clip must be > 0 (inf: no clipping), got {self.clip!r}: the L2 norm an update "
                 "or a sample's gradient is clipped to"
             )
         if not (math.isfinite(self.delta) and 0 < self.delta < 1):

@@ -47,6 +47,7 @@ from fedmtl.federated.runlog import CSVScalarLogger, RoundWandbLogger, create_lo
 from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
+from fedmtl.privacy.run import RunPrivacy
 from fedmtl.terminal import interactive
 
 
@@ -90,6 +91,10 @@ class Simulation:
         self.record = self.federation.record = RunRecord(
             cfg, self.clients, self.method, self.evaluator.labels, part_bytes
         )
+        if cfg.privacy.enabled or cfg.secure_aggregation:
+            planned = int(config["rounds"]) if config and "rounds" in config else None
+            privacy = RunPrivacy(cfg, self.method, self.clients.info, rounds_planned=planned)
+            self.federation.privacy = self.record.privacy = privacy
 
     @property
     def receipts(self) -> Receipts:

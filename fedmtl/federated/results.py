@@ -42,6 +42,8 @@ class RunRecord:
         # Computed for results.json (rank 0), federated then held-out clients.
         self._histograms: list[dict[str, int] | None] | None = None
         self._train_images: list[int] = []
+        # Differential privacy (fedmtl.privacy.run.RunPrivacy): its state rides in checkpoints
+        self.privacy: Any = None
 
     def add_traffic(self, traffic: Any) -> None:
         communication.add_round(self.traffic, self.clients.names, traffic)
@@ -51,10 +53,13 @@ class RunRecord:
         # As JSON text: pickled, the strings the history and the cost have in common (client
         # names, keys) would be shared differently in a resumed run, which reads part of them
         # back, and the checkpoint's bytes would depend on whether the run was resumed.
-        return {
+        state = {
             "history": json.dumps(self.history),
             "communication": {"rounds": self.traffic_rounds, "totals": json.dumps(self.traffic)},
         }
+        if self.privacy is not None:
+            state["privacy"] = json.dumps(self.privacy.state_dict())
+        return state
 
     def load_state_dict(self, server: dict[str, Any]) -> None:
         history = server["history"]  # a list in checkpoints written before it was JSON text
@@ -62,6 +67,13 @@ class RunRecord:
         # A checkpoint written before the cost was counted has none: its rounds go uncounted.
         counted = server.get("communication", {"rounds": 0, "totals": "{}"})
         self.traffic, self.traffic_rounds = json.loads(counted["totals"]), int(counted["rounds"])
+        if self.privacy is not None:
+            if "privacy" not in server:
+                raise ValueError(
+                    "the checkpoint was written by a run without privacy or secure_aggregation, so what it "
+                    "spent is unknown: resume without them, or start a new run"
+                )
+            self.privacy.load_state_dict(json.loads(server["privacy"]))
 
     def summary(self, results: Results, rounds: int, is_zero: bool) -> dict[str, Any]:
         """The results.json content: the run's seed, the final metrics per client and task of the
@@ -95,6 +107,8 @@ class RunRecord:
             "tasks": evaluation.task_summary(results.get(self.labels[0], {}), datasets),
             # Bytes up and down, per client by pool and in all (docs/evaluation.md, "Communication cost")
             "communication": communication.totals_summary(self.traffic, self.traffic_rounds),
+            # ε spent for δ and how (docs/privacy.md); null: no privacy
+            "privacy": self.privacy.summary() if self.privacy is not None and self.privacy.mode else None,
             # What changes a metric's number: fedmtl report compares only runs scored alike
             "scoring": self.scoring(),
             # What computed it: fedmtl report and a resume never compare it (a rerun may differ here only)

@@ -54,7 +54,8 @@ from fedmtl.federated.training import (
     LocalTrainer,
 )
 from fedmtl.methods.base import ClientContext, Method
-from fedmtl.tensors import load_into, to_host
+from fedmtl.privacy.run import RunPrivacy, shared_up
+from fedmtl.tensors import host_state, load_into, to_host
 
 Results = dict[str, dict[str, dict[str, float]]]  # {label: {client: {task: value}}}
 
@@ -82,6 +83,8 @@ class Federation:
     rows: RowStore
     # The live view's hooks, told as each phase starts (rank 0 on a terminal; else no-ops)
     live: Quiet = field(default_factory=Quiet)
+    # Differential privacy and secure aggregation (None: neither; fedmtl.privacy.run)
+    privacy: RunPrivacy | None = None
     # Built on the federation once it exists (Simulation.__init__)
     evaluator: Evaluator = field(init=False)
     record: RunRecord = field(init=False)
@@ -149,6 +152,8 @@ class Round:
         drawn = availability.draw(
             self.cfg.availability, self.cfg.seed, self.number, n, self.method.participants(self.number)
         )
+        privacy = self.fed.privacy
+        self.privacy_columns = torch.zeros(n, 2, dtype=torch.float64)  # update norm, DP-SGD steps
         with (
             timed(times, "train"),
             self.ranks.phase(round_=self.number),
@@ -157,6 +162,8 @@ class Round:
         self.fed.live.phase("exchange")
         with timed(times, "exchange"):
             losses, dropped, participants = self.settle(losses, bad, drawn.training)
+            if privacy is not None:  # every rank's norms and steps, for the clip and the accountant
+                self.privacy_columns = self.ranks.sum(self.privacy_columns.to(self.ranks.device)).cpu()
             inputs = self.exchange(rows, participants) if participants != [] else None
         if inputs is None:  # every client that would train is unavailable
             self.skip_server_step(drawn.unavailable)
@@ -164,6 +171,10 @@ class Round:
         else:  # unavailable clients, like dropped updates, receive nothing and keep their state
             receive_nothing = [*dropped, *drawn.unavailable]
             self.server_step(inputs, receive_nothing)
+        if privacy is not None:  # the updates that left their clients (dropped ones too)
+            senders = [] if inputs is None else list(range(n) if drawn.training is None else drawn.training)
+            norms, steps = self.privacy_columns.unbind(dim=1)
+            privacy.after_round(self.number, norms, steps, senders)
         del rows, inputs
         if self.number == self.cfg.rounds and self.method.finishes:
             self.fed.live.phase("finish")
@@ -191,6 +202,8 @@ class Round:
                     results[held_out.LABEL] = evaluator.held_out_results()
             values |= evaluation.logged_values(results, evaluator.labels, self.clients.datasets_of)
         values |= {f"aggregation/{k}": v for k, v in self.method.log_values().items()}  # runlog.AGGREGATION
+        if privacy is not None:
+            values |= privacy.values()
         values |= {f"time/{k}": v for k, v in times.items()}
         return values, results
 
@@ -266,8 +279,19 @@ class Round:
         heads_before = [self.head_vector(module, t) for t in spec.tasks] if limit is not None else []
         # The memory store hands out the stored state itself, which training changes in place.
         kept = to_host(state) if self.clients.store.kind == "memory" else None
+        privacy = fed.privacy
+        parts = shared_up(self.method, self.number) if privacy is not None and privacy.client_level else set()
+        starts = RunPrivacy.starts(module.model, parts, spec.tasks) if parts else []
+        steps_before = fed.trainer.dp_steps
         losses = self.method.local_update(fed.context(i, module, state, self.number, work))
         load_into(module.model, state["model"])  # the federated track (a method may train others)
+        if privacy is not None:
+            self.privacy_columns[i, 1] = fed.trainer.dp_steps - steps_before
+        if parts:  # what leaves the client is its clipped (and, local, noised) update
+            assert privacy is not None
+            norm = privacy.privatise_client(module.model, starts, parts, spec.tasks, self.number, i)
+            self.privacy_columns[i, 0] = norm
+            state["model"] = host_state(module.model)
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
         grown = 0.0
         enc_trained = fed.encoder_layout.flatten(module.model.encoder)
@@ -436,7 +460,12 @@ class Round:
             encoders = fed.rows.server_rows(
                 self.number, names, len(clients), fed.encoder_layout.numel, clients.mine
             )
-            output = self.method.server_step(inputs, encoders)
+            if fed.privacy is not None:
+                self.method.set_server_privacy(fed.privacy.server_privacy(self.number))
+            try:
+                output = self.method.server_step(inputs, encoders)
+            finally:
+                self.method.set_server_privacy(None)
             output.check_against(inputs)
             self.check_output(output)
         # Every rank has read the rows: what no receipt needs can go.

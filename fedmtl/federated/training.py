@@ -104,6 +104,7 @@ class LocalTrainer:
         self.seed = seed
         self.rounds = rounds
         self.loader = loader
+        self.dp_steps = 0  # DP-SGD steps this rank's clients took so far (privacy.mode sample)
 
     def batches(self, loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
         for batch in loader:

@@ -60,6 +60,7 @@ from fedmtl.aggregation.flat import FlatLayout
 from fedmtl.aggregation.stream import EncoderMix, EncoderRows, StackedRows
 from fedmtl.losses import proximal_term
 from fedmtl.methods.checks import within
+from fedmtl.privacy.server import ServerPrivacy
 from fedmtl.registry import Registry
 from fedmtl.seeds import derive_seed
 from fedmtl.tensors import host_state
@@ -196,6 +197,21 @@ class Method(Aggregator):
     #: current parameters, zero delta): FedAMP mixes every client's last weights. Otherwise
     #: only the clients that trained have rows (the others read as zeros).
     reads_every_client: bool = False
+
+    #: What in the server step reads a client's update on its own, as a phrase completing "it
+    #: ...", or None: the step needs nothing but the (weighted) sum of each group's updates, so
+    #: central DP (noise on the sums) and secure aggregation (the server sees only the sums)
+    #: apply to it (docs/privacy.md). Every method states it; the default assumes the worst.
+    individual_updates: str | None = "has a server step not declared to need only sums of updates"
+
+    #: The central DP and secure aggregation of this round's server step (set by the engine
+    #: before each step, :meth:`set_server_privacy`); None: plain sums.
+    server_privacy: ServerPrivacy | None = None
+
+    def set_server_privacy(self, privacy: ServerPrivacy | None) -> None:
+        """Use ``privacy`` in the next server step: a sum-only step takes each group's mean
+        through it and adds its noise (FedAvg). FedDEA passes it on to its host, scaled."""
+        self.server_privacy = privacy
 
     @property
     def needs_every_client(self) -> bool:

@@ -68,6 +68,7 @@ class CAGrad(Method):
     #: A client that did not train this round still receives θ^(r-1) + U, so its rows (its
     #: round-start parameters) are read; its zero delta does not enter the solve.
     reads_every_client = True
+    individual_updates = "solves its conflict-averse step on the Gram matrix of the individual updates"
     needs_every_client = False
 
     def __init__(

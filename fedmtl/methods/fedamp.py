@@ -103,6 +103,9 @@ class FedAMP(Method):
     # ------------------------------------------------------------------ the server step
 
     reads_every_client = True  # the clients that sit a round out take part with their last weights
+    individual_updates = (
+        "weighs every pair of clients by the distance between their individual models (attention)"
+    )
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return ("trained",)

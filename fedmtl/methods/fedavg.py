@@ -88,6 +88,13 @@ class FedAvg(Method):
     def _encoder_keys(inputs: RoundInput) -> list[str]:
         return ["+".join(sorted(c.tasks)) for c in inputs.clients]  # a task set
 
+    @property
+    def individual_updates(self) -> str | None:  # type: ignore[override]
+        """Only a ``cluster`` scope (MaT-FL's) reads each update on its own."""
+        if "cluster" in (self.encoder_scope, self.decoder_scope):
+            return "clusters the clients by the cosine distances of their individual updates (scope cluster)"
+        return None
+
     def _decoders(self, inputs: RoundInput) -> tuple[Tensor, Tensor]:
         return self._pool(
             "decoders",
@@ -122,12 +129,20 @@ class FedAvg(Method):
     ) -> EncoderMix:
         """The encoders' groups combined: each group's (weighted) mean of its sources' trained
         rows goes to its targets; the other clients keep what they trained."""
-        live = [(sources, targets) for sources, targets in groups.values() if sources and targets]
+        live = {key: group for key, group in groups.items() if group[0] and group[1]}
         n = inputs.num_clients
         if not live:
             return EncoderMix.kept(n, inputs.encoder_layout.numel)
-        weights, mixing, trained = self._group_weights(live, inputs)
-        return EncoderMix(encoders["trained"].weighted_sums(weights), mixing, own={"trained": trained})
+        weights, mixing, trained = self._group_weights(list(live.values()), inputs)
+        privacy = self.server_privacy
+        if privacy is None:
+            return EncoderMix(encoders["trained"].weighted_sums(weights), mixing, own={"trained": trained})
+        means = privacy.weighted_sums(encoders["trained"], weights, list(live), "encoder")
+        for g, (key, (sources, _)) in enumerate(live.items()):
+            noise = privacy.noise("encoder", key, means.shape[1], len(sources))
+            if noise is not None:
+                means[g] += noise
+        return EncoderMix(means, mixing, own={"trained": trained})
 
     def _group_weights(
         self, groups: Sequence[tuple[list[int], list[int]]], inputs: RoundInput
@@ -234,7 +249,39 @@ class FedAvg(Method):
         each group's mean goes to its receivers; the other rows keep what they trained.
         FedOpt overrides this with a server optimiser per group."""
         weights = num_samples if self.weighted else None
-        return group_means_to(prev, deltas, list(groups.values()), weights)
+        out = group_means_to(prev, deltas, list(groups.values()), weights)
+        if self.server_privacy is None:
+            return out
+        for key, (sources, targets) in groups.items():
+            if sources and targets:
+                trained = prev[sources] + deltas[sources]
+                out[targets] = self._private_mean(pool, key, trained, sources, num_samples, out[targets[0]])
+        return out
+
+    def _private_mean(
+        self,
+        pool: str,
+        key: str,
+        rows: Tensor,
+        sources: Sequence[int],
+        num_samples: Sequence[int],
+        plain: Tensor | None = None,
+        noisy: bool = True,
+    ) -> Tensor:
+        """Group ``key``'s mean of ``rows`` (its ``sources``' values, [m, D]) as the server learns
+        it under :attr:`server_privacy`: through secure aggregation when it is on (else
+        ``plain``, the mean computed as without privacy, when given), plus the group's central
+        noise when ``noisy``. In the rows' dtype and device."""
+        privacy = self.server_privacy
+        assert privacy is not None
+        if plain is None or privacy.secure:
+            w = [float(num_samples[i]) if self.weighted else 1.0 for i in sources]
+            weights = torch.tensor(w, dtype=torch.float64) / sum(w)
+            mean = privacy.mean(pool, key, rows.cpu(), sources, weights).to(rows.device, rows.dtype)
+        else:
+            mean = plain.clone()
+        noise = privacy.noise(pool, key, rows.shape[1], len(sources)) if noisy else None
+        return mean if noise is None else mean + noise.to(mean.device, mean.dtype)
 
     def _clusters(self, gram: Callable[[], Tensor], participating: list[int]) -> list[list[int]]:
         """MaT-FL's clusters of the participating rows, as row indices, from ``gram()``."""

@@ -18,6 +18,7 @@ from fedmtl.aggregation.stream import EncoderRows
 from fedmtl.methods.base import Method, register_method
 from fedmtl.methods.checks import boolean, either
 from fedmtl.methods.fedavg import FedAvg
+from fedmtl.privacy.server import ServerPrivacy
 
 HOSTS = ("FedAvg", "FedProx", "FedOpt")
 # Methods whose server step is not an average of updates: FedDEA is not defined over them.
@@ -102,6 +103,13 @@ class FedDEA(Method):
             decoder_deltas=self.transform(inputs.decoder_deltas, inputs.decoder_layout),
             heads=[dataclasses.replace(g, deltas=self.transform(g.deltas, g.layout)) for g in inputs.heads],
         )
+
+    def set_server_privacy(self, privacy: ServerPrivacy | None) -> None:
+        """The host's noise, scaled to the masked update's sensitivity: a clipped update of norm
+        at most C keeps at most that norm under the mask, and 1/ρ times it rescaled."""
+        if privacy is not None and self.rescale:
+            privacy = dataclasses.replace(privacy, sum_stddev=privacy.sum_stddev / self.rho)
+        self.host.set_server_privacy(privacy)
 
     def encoder_row(self, name: str, prev: Tensor, trained: Tensor, layout: FlatLayout) -> Tensor:
         """The host's rows of the masked update: Δ' = mask(Δ), "trained" = prev + Δ'. A client

@@ -213,6 +213,11 @@ class FedHCA2(Method):
         then follows this one."""
         self._round = round_
 
+    individual_updates = (
+        "weighs each decoder by cross-attention over the individual decoder updates, and (encoder: "
+        "conflict_averse) solves a conflict-averse step on the Gram matrix of the individual encoder updates"
+    )
+
     @property
     def reads_every_client(self) -> bool:  # type: ignore[override]
         """With ``encoder="fedavg"``, a client that did not train enters the mean with its

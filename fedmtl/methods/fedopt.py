@@ -100,6 +100,9 @@ class FedOpt(FedAvg):
             # lr 1, beta1 0 gives FedAvg's bits: mean(prev) + mean(deltas).
             x = mean_rows(prev.index_select(0, index), weights)
             delta = mean_rows(deltas.index_select(0, index), weights)
+            if self.server_privacy is not None:  # the pseudo-gradient's sum carries the noise
+                x = self._private_mean(pool, key, prev[sources], sources, num_samples, x, noisy=False)
+                delta = self._private_mean(pool, key, deltas[sources], sources, num_samples, delta)
             name = f"{pool}/{key}"
             new, self.moments[name] = self.optimizer.step(x, delta, self.moments.get(name))
             out[targets] = new
@@ -120,7 +123,17 @@ class FedOpt(FedAvg):
         if not live:
             return EncoderMix.kept(inputs.num_clients, inputs.encoder_layout.numel)
         weights, mixing, trained = self._group_weights([(s, t) for _, s, t in live], inputs)
-        x, delta = encoders["prev"].weighted_sums(weights), encoders["delta"].weighted_sums(weights)
+        privacy = self.server_privacy
+        if privacy is None:
+            x, delta = encoders["prev"].weighted_sums(weights), encoders["delta"].weighted_sums(weights)
+        else:
+            keys = [key for key, _, _ in live]
+            x = privacy.weighted_sums(encoders["prev"], weights, keys, "encoder-start")
+            delta = privacy.weighted_sums(encoders["delta"], weights, keys, "encoder")
+            for g, (key, sources, _) in enumerate(live):
+                noise = privacy.noise("encoder", key, delta.shape[1], len(sources))
+                if noise is not None:
+                    delta[g] += noise
         stepped = []
         for g, (key, _, _) in enumerate(live):
             name = f"encoders/{key}"  # as the stacked step named it: earlier checkpoints resume

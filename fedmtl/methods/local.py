@@ -23,6 +23,7 @@ class Local(Method):
 
     evaluated = "local"
     shared_parts = frozenset()  # nothing leaves a client: no cost, and a new client starts from its own draw
+    individual_updates = None  # it sums nothing: nothing leaves a client
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return ()

@@ -78,6 +78,7 @@ class PCGrad(Method):
     #: A client that did not train still receives θ^(r-1) + U, so its rows (its round-start
     #: parameters) are read; its zero delta does not enter the step.
     reads_every_client = True
+    individual_updates = "projects each client's update onto every other's (their inner products)"
 
     def encoder_rows(self, round_: int) -> tuple[str, ...]:
         return ("delta", "prev")

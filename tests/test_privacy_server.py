@@ -11,7 +11,6 @@ import torch
 
 from fedmtl.aggregation import ClientInfo, FlatLayout, RoundInput, decoder_owners_of
 from fedmtl.methods import FedAvg, FedDEA, FedOpt
-
 from fedmtl.privacy.run import privatise
 from fedmtl.privacy.server import ServerPrivacy
 

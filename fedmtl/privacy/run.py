@@ -23,6 +23,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
+
+from fedmtl.aggregation.base import ClientInfo
+from fedmtl.config import PrivacyConfig, RunConfig
+from fedmtl.methods.base import Method
+from fedmtl.privacy import accounting
 from fedmtl.privacy.mechanisms import (
     adaptive_clip_update,
     clip_factor,
@@ -31,12 +37,6 @@ from fedmtl.privacy.mechanisms import (
     noisy_unclipped_fraction,
     update_noise_multiplier,
 )
-from torch import nn
-
-from fedmtl.aggregation.base import ClientInfo
-from fedmtl.config import PrivacyConfig, RunConfig
-from fedmtl.methods.base import Method
-from fedmtl.privacy import accounting
 from fedmtl.privacy.server import ServerPrivacy
 from fedmtl.seeds import derive_seed
 

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from fedmtl.privacy.mechanisms import gaussian_noise
 from torch import Tensor
 
 from fedmtl.aggregation.stream import EncoderRows
+from fedmtl.privacy.mechanisms import gaussian_noise
 from fedmtl.seeds import derive_seed
 
 

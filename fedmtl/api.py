@@ -70,7 +70,8 @@ def compare(
     delta_m: str = "cells",
 ) -> str | None:
     """The table ``fedmtl report RUNS`` prints: each method's metrics (mean ± std over seeds)
-    and Δm against ``baseline`` (default: the Local run), in ``format`` (markdown, csv or
+    and Δm against ``baseline`` (default: the Local run), with ε (δ) beside Δm where a run
+    has privacy (the largest over a row's seeds; ``fedmtl.report`` docstring), in ``format`` (markdown, csv or
     latex; default: by ``output``'s suffix, else markdown; LaTeX with ``caption`` and
     ``label``). ``output``, ``curves`` (metrics over the rounds, .png or .svg) and
     ``partition`` (each client's images per dominant class) also write files; an existing one

@@ -50,6 +50,15 @@ seeds, from results.json's ``communication`` (docs/evaluation.md, "Communication
 run without it (written before fedmtl counted the cost) leaves both cells empty; one resumed
 from a checkpoint without it counts only its later rounds, so its ``GB total`` stays empty.
 
+Privacy. Where any run compared has a ``privacy`` block in results.json (a run with
+``privacy.mode`` set), the table has a column ``ε (δ)`` beside Δm: the (ε, δ) guarantee the
+run's accountant spent, ``3.21 (1e-05)``; ``∞`` for a run of noise multiplier 0 (no
+guarantee); ``—`` for a run without privacy. The seeds of a row share its privacy setting, so
+the row shows the largest ε and δ of its runs (the weakest guarantee), not their mean; a run
+without privacy in a row of private runs makes it ``∞``. Where the private rows differ in mode
+(central, local, sample: client-level against sample-level guarantees), each cell names its
+mode. Without any privacy block the table is as before (:func:`row_privacy`).
+
 "separated". A rough screen, not a significance test: ``yes`` when the method was run with at
 least two seeds and |mean paired Δm| exceeds the standard deviation of its paired Δm across
 seeds (equivalently, the paired t statistic exceeds √n); ``no`` when it does not; ``n/a`` with
@@ -136,6 +145,15 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class Privacy:
+    """The (ε, δ) guarantee a run spent, as results.json's ``privacy`` records it."""
+
+    mode: str  # central, local, sample
+    epsilon: float  # math.inf: noise multiplier 0 (results.json's null), no guarantee
+    delta: float
+
+
+@dataclass(frozen=True)
 class Run:
     """A finished run directory, as results.json (and config.yaml) describe it."""
 
@@ -153,6 +171,7 @@ class Run:
     # config.yaml flattened (a.b: value), without the seed and the resumable fields: what tells
     # two rows of one algorithm apart
     settings: Mapping[str, Any] = field(default_factory=dict)
+    privacy: Privacy | None = None  # None: run without privacy (or written before it was recorded)
 
     @property
     def name(self) -> str:
@@ -204,6 +223,7 @@ class Row:
     mb_per_round: float | None = None  # mean over seeds; None: a run lacks the cost
     gb_total: float | None = None
     runs: tuple[str, ...] = ()  # the run directories, as given
+    privacy: Privacy | None = None  # the weakest of its runs' (row_privacy); None: none has privacy
 
 
 @dataclass(frozen=True)
@@ -211,6 +231,15 @@ class Table:
     columns: tuple[Column, ...]
     rows: tuple[Row, ...]
     baseline: str  # its label
+
+    @property
+    def private(self) -> bool:
+        """Whether the table has the ε (δ) column: a row has privacy."""
+        return any(row.privacy is not None for row in self.rows)
+
+    @property
+    def privacy_modes(self) -> set[str]:
+        return {row.privacy.mode for row in self.rows if row.privacy is not None}
 
 
 # ---------------------------------------------------------------------------- loading runs
@@ -241,7 +270,35 @@ def load_run(path: str | Path, held_out: bool = False) -> Run:
         cost=_cost(path, results),
         scoring=_scoring(path, config, results),
         settings=_settings(config),
+        privacy=_privacy(path, results),
     )
+
+
+def _privacy(path: Path, results: Mapping[str, Any]) -> Privacy | None:
+    """results.json's ``privacy``: None for a run without privacy (null, or no key in a run
+    written before fedmtl had it); a block fedmtl could not have written is refused."""
+    block = results.get("privacy")
+    if block is None:
+        return None
+    epsilon = block.get("epsilon") if isinstance(block, dict) else None
+    delta = block.get("delta") if isinstance(block, dict) else None
+    mode = block.get("mode") if isinstance(block, dict) else None
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not (
+        mode in ("central", "local", "sample")
+        and (epsilon is None or (number(epsilon) and epsilon >= 0))
+        and number(delta)
+        and 0 < delta < 1
+    ):
+        raise ValueError(
+            f"{path / 'results.json'}: its privacy has no mode (central, local or sample), epsilon (a "
+            "number >= 0, or null) and delta in (0, 1): the file was changed after the run wrote it; "
+            "restore it, or leave the run out"
+        )
+    return Privacy(mode, math.inf if epsilon is None else float(epsilon), float(delta))
 
 
 def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -672,6 +729,18 @@ def cost_cells(runs: Sequence[Run]) -> tuple[float | None, float | None]:
     return per_round, total
 
 
+def row_privacy(runs: Sequence[Run]) -> Privacy | None:
+    """A row's privacy (pure): None when no run has any; else the largest ε and δ of its runs
+    (seeds share the setting: the weakest guarantee, not a mean), a run without privacy
+    counting as ε = ∞. The mode is the runs' own, or ``mixed``."""
+    private = [run.privacy for run in runs if run.privacy is not None]
+    if not private:
+        return None
+    epsilon = math.inf if len(private) < len(runs) else max(p.epsilon for p in private)
+    modes = {p.mode for p in private}
+    return Privacy(modes.pop() if len(modes) == 1 else "mixed", epsilon, max(p.delta for p in private))
+
+
 def compute_table(report: Report) -> Table:
     """Mean ± std of every metric over each method's seeds, and the paired Δm (module docstring)."""
     if report.baseline is None:
@@ -693,6 +762,7 @@ def compute_table(report: Report) -> Table:
                 mb_per_round=cost[0],
                 gb_total=cost[1],
                 runs=tuple(str(run.path) for run in method.runs),
+                privacy=row_privacy(method.runs),
             )
         )
     return Table(report.columns, tuple(rows), report.baseline.label)
@@ -736,6 +806,36 @@ def _cost_cells(row: Row) -> list[str]:
 
 
 COST_HEADERS = ("MB/round", "GB total")  # the cost cells' headers, after Δm
+PRIVACY_HEADER = "ε (δ)"  # right after Δm, in a table with a private row
+
+
+def privacy_cell(privacy: Privacy | None, with_mode: bool = False, latex: bool = False) -> str:
+    """``3.21 (1e-05)``; ``∞`` for noise multiplier 0; ``—`` without privacy; ``with_mode``
+    (the rows differ in mode) appends ``, central``. ``latex``: as LaTeX."""
+    if privacy is None:
+        return "---" if latex else "—"
+    if math.isinf(privacy.epsilon):
+        text = r"$\infty$" if latex else "∞"
+    else:
+        delta = _latex_power(privacy.delta) if latex else f"{privacy.delta:g}"
+        text = f"{privacy.epsilon:.2f} ({delta})"
+    return f"{text}, {privacy.mode}" if with_mode else text
+
+
+def _latex_power(value: float) -> str:
+    r"""``1e-05`` as ``$10^{-5}$``, ``2.5e-06`` as ``$2.5 \times 10^{-6}$``, 0.001 as is."""
+    mantissa, _, exponent = f"{value:g}".partition("e")
+    if not exponent:
+        return mantissa
+    power = f"10^{{{int(exponent)}}}"
+    return f"${power}$" if mantissa == "1" else rf"${mantissa} \times {power}$"
+
+
+def _privacy_cells(table: Table, row: Row, latex: bool = False) -> list[str]:
+    """The ε (δ) cell where the table has the column (:attr:`Table.private`), else none."""
+    if not table.private:
+        return []
+    return [privacy_cell(row.privacy, len(table.privacy_modes) > 1, latex)]
 
 
 def column_groups(columns: Sequence[Column]) -> list[str]:
@@ -775,14 +875,33 @@ def best_rows(table: Table) -> dict[str, set[int]]:
 
 
 def render_markdown(table: Table) -> str:
-    header = ["method", "seeds", *column_labels(table.columns), "Δm (%) ↑", *COST_HEADERS, "separated"]
-    align = ["---", "---:", *("---:" for _ in table.columns), "---:", "---:", "---:", "---"]
+    privacy = [PRIVACY_HEADER] if table.private else []
+    header = [
+        "method",
+        "seeds",
+        *column_labels(table.columns),
+        "Δm (%) ↑",
+        *privacy,
+        *COST_HEADERS,
+        "separated",
+    ]
+    align = [
+        "---",
+        "---:",
+        *("---:" for _ in table.columns),
+        "---:",
+        *("---:" for _ in privacy),
+        "---:",
+        "---:",
+        "---",
+    ]
     body = (
         [
             row.label.replace("|", r"\|"),  # a "|" in a label would split the cell
             str(len(row.seeds)),
             *(_cell(row.metrics[c.key], c.metric, " ± ") for c in table.columns),
             _cell(row.delta_m, "Δm", " ± "),
+            *_privacy_cells(table, row),
             *_cost_cells(row),
             row.separated,
         ]
@@ -800,9 +919,14 @@ def default_caption(table: Table) -> str:
     seeds = sorted({len(row.seeds) for row in table.rows})
     over = f"over {seeds[0]} seeds" if seeds != [1] and len(seeds) == 1 else "over the seeds"
     spread = "" if seeds == [1] else rf" (mean $\pm$ standard deviation {over})"
+    privacy = (
+        r"; $\varepsilon$ ($\delta$) the differential privacy spent (the largest over the seeds)"
+        if table.private
+        else ""
+    )
     return (
         f"Per-task metrics of each method{spread} and $\\Delta_m$ (\\%) against "
-        f"{_latex(table.baseline)}; the best value of each column in bold."
+        f"{_latex(table.baseline)}{privacy}; the best value of each column in bold."
     )
 
 
@@ -827,7 +951,7 @@ def render_latex(table: Table, caption: str | None = None, label: str | None = N
             spans[-1] = (group, spans[-1][1], col)
         else:
             spans.append((group, col, col))
-    trailing = 3  # Δm, MB/round, GB total
+    trailing = 4 if table.private else 3  # Δm, ε (δ) where a row has privacy, MB/round, GB total
     upper = ["", ""]
     for group, start, end in spans:
         upper.append(rf"\multicolumn{{{end - start + 1}}}{{c}}{{{_latex(group)}}}")
@@ -838,6 +962,7 @@ def render_latex(table: Table, caption: str | None = None, label: str | None = N
         "Seeds",
         *(f"{_latex(c.task)} {_latex(c.metric)} {_LATEX_ARROWS[c.lower_is_better]}" for c in table.columns),
         r"$\Delta_m$ (\%) $\uparrow$",
+        *([r"$\varepsilon$ ($\delta$)"] if table.private else []),
         *COST_HEADERS,
     ]
     best = best_rows(table)
@@ -853,11 +978,12 @@ def render_latex(table: Table, caption: str | None = None, label: str | None = N
             str(len(row.seeds)),
             *(cell(row.metrics[c.key], c.metric, k in best[c.key]) for c in table.columns),
             cell(row.delta_m, "Δm", k in best["Δm"]),
+            *_privacy_cells(table, row, latex=True),
             *_cost_cells(row),
         ]
         for k, row in enumerate(table.rows)
     ]
-    spec = "lr" + "r" * len(table.columns) + "rrr"
+    spec = "lr" + "r" * len(table.columns) + "r" * trailing
     return "\n".join(
         [
             r"% fedmtl report; needs \usepackage{booktabs} in the preamble",
@@ -896,7 +1022,8 @@ def _latex(text: str) -> str:
 def render_csv(table: Table) -> str:
     """One row per method, full precision: method (the row's label, as in the markdown and
     LaTeX), algorithm, n_seeds, seeds, delta_m, delta_m_std, mb_per_round, gb_total (empty
-    without the cost), separated, then ``<client>/<task>_<metric>`` and its ``_std`` per
+    without the cost), epsilon, delta and privacy_mode (only where a row has privacy: the raw
+    ε, ``inf`` for noise multiplier 0, empty for a row without privacy), separated, then ``<client>/<task>_<metric>`` and its ``_std`` per
     column (the names metrics.csv uses), then runs (the run directories, space-separated)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -911,6 +1038,7 @@ def render_csv(table: Table) -> str:
             "delta_m_std",
             "mb_per_round",
             "gb_total",
+            *(("epsilon", "delta", "privacy_mode") if table.private else ()),
             "separated",
             *names,
             "runs",
@@ -928,12 +1056,21 @@ def render_csv(table: Table) -> str:
                 "" if row.delta_m.std is None else row.delta_m.std,
                 "" if row.mb_per_round is None else row.mb_per_round,
                 "" if row.gb_total is None else row.gb_total,
+                *_privacy_csv(table, row),
                 row.separated,
                 *("" if v is None else v for v in values),
                 " ".join(row.runs),
             ]
         )
     return out.getvalue()
+
+
+def _privacy_csv(table: Table, row: Row) -> list[Any]:
+    if not table.private:
+        return []
+    if row.privacy is None:
+        return ["", "", ""]
+    return [row.privacy.epsilon, row.privacy.delta, row.privacy.mode]
 
 
 # ---------------------------------------------------------------------------- curves over rounds

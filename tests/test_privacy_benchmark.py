@@ -110,6 +110,15 @@ def test_a_reduced_shape_records_under_its_own_name_and_says_so(bench, tmp_path)
     assert notes == ["--rounds 3 instead of the config's 10", "--seeds 0 instead of 0 1 2"]
     body = bench.record_body([], notes, "x.png", 1.0, 1e-5)
     assert "**Reduced shape, not the benchmark's numbers:** --rounds 3 instead of the config's 10" in body
+    # docs/benchmark.md includes the table's section only: the figure's link, relative to this
+    # file, would not resolve from the docs
+    assert body.index("[start:table]") < body.index("Reduced shape") < body.index("[end:table]")
+    assert body.index("[end:table]") < body.index("](x.png)")
+
+
+def test_the_placeholder_has_the_section_the_docs_include():
+    text = (REPO / "benchmarks" / "results" / "privacy_utility.md").read_text()
+    assert "<!-- --8<-- [start:table] -->" in text and "<!-- --8<-- [end:table] -->" in text
 
 
 # ---------------------------------------------------------------------------- table and figure

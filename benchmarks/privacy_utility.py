@@ -5,7 +5,7 @@
 
 On the scenario-1 benchmark config (``--config``), every method of ``--methods`` (FedAvg,
 FedPer, FedHCA²) runs at every noise multiplier of ``--noise`` (z = 0.3, 1.0, 3.0) with
-``--privacy.clip --clip`` and ``--privacy.delta --delta``, and Local once without privacy (it
+privacy.clip = ``--clip`` (1) and privacy.delta = ``--delta`` (1e-5), and Local once without privacy (it
 sends nothing: ε = 0), each with every seed of ``--seeds`` (0, 1, 2). ``--mode auto`` puts a
 method under central DP (noise on the server's sum) when its server step needs only the sum of
 the updates, else under local DP (noise on each client's update, FedHCA²); ``central`` or
@@ -319,8 +319,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dry_run", action="store_true", help="list the runs and exit; nothing is run or written"
     )
-    args = parser.parse_args(argv)
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

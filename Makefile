@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean benchmark docs
+.PHONY: install demo test lint format clean benchmark benchmark-privacy docs
 
 install: $(STAMP)
 
@@ -29,6 +29,12 @@ BENCHMARK ?= scenario1
 benchmark: install
 	$(PY) benchmarks/compare_methods.py --config configs/benchmark/$(BENCHMARK).yaml \
 		--seeds 0 1 2 --jobs 2 --out runs/benchmark/$(BENCHMARK)
+
+# The privacy-utility benchmark (docs/benchmark.md): FedAvg, FedPer (central DP) and FedHCA² (local
+# DP) at noise multipliers 0.3, 1 and 3, and Local, x 3 seeds on scenario 1's benchmark config;
+# Δm against ε in benchmarks/results/privacy_utility.md and .png. Restartable like `benchmark`.
+benchmark-privacy: install
+	$(PY) benchmarks/privacy_utility.py --jobs 2 --out runs/benchmark/privacy
 
 # One pytest worker per core (at most 4), each taking whole test files, so a module's shared runs
 # are computed once.

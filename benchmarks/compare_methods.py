@@ -34,6 +34,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -61,11 +62,12 @@ def _fedmtl(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedmtl", *args]
 
 
-def fit_args(config: Path, method: str, seed: int, run_dir: Path) -> list[str]:
-    """The ``fedmtl fit`` arguments of one run."""
+def fit_args(config: Path, method: str, seed: int, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The ``fedmtl fit`` arguments of one run; ``extra``: more of them, after these
+    (benchmarks/privacy_utility.py's ``--privacy.*``)."""
     return [
         "--config", str(config), "--algorithm", method, "--seed", str(seed),
-        "--run_dir", str(run_dir), "--cpu_threads", "1", "--resume", "true",
+        "--run_dir", str(run_dir), "--cpu_threads", "1", "--resume", "true", *extra,
     ]  # fmt: skip
 
 
@@ -74,30 +76,42 @@ def stale_runs(config: Path, jobs: dict[tuple[str, int], tuple[Path, Path]]) -> 
     this command's (``fedmtl fit``'s own resume rule): kept as they are, they would enter the
     report as if this config had made them."""
     from fedmtl.cli import _run_parser
-    from fedmtl.federated.rundir import config_changes
 
     parser = _run_parser()
-    stale = []
-    for (method, seed), (run_dir, _) in jobs.items():
-        if not (run_dir / "results.json").is_file():
-            continue  # absent or unfinished: fit itself refuses a resume with another config
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            stale.append(f"{run_dir}: finished, but its config.yaml is missing")
-            continue
-        now = parser.parse_args(fit_args(config, method, seed, run_dir))
-        now.pop("config", None)
-        changes = config_changes(parser.parse_path(str(saved)).as_dict(), now.as_dict())
-        if changes:
-            stale.append(f"{run_dir}: {'; '.join(changes)}")
-    return stale
+    found = (
+        stale_run(config, method, seed, run_dir, parser=parser)
+        for (method, seed), (run_dir, _) in jobs.items()
+    )
+    return [stale for stale in found if stale is not None]
 
 
-def run_one(config: Path, method: str, seed: int, run_dir: Path, log: Path) -> float:
+def stale_run(
+    config: Path, method: str, seed: int, run_dir: Path, extra: Sequence[str] = (), parser=None
+) -> str | None:
+    """Why the finished run in ``run_dir`` is stale (:func:`stale_runs`), or None when it is not
+    (absent, unfinished, or made by these arguments)."""
+    from fedmtl.cli import _run_parser
+    from fedmtl.federated.rundir import config_changes
+
+    if not (run_dir / "results.json").is_file():
+        return None  # absent or unfinished: fit itself refuses a resume with another config
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return f"{run_dir}: finished, but its config.yaml is missing"
+    parser = parser or _run_parser()
+    now = parser.parse_args(fit_args(config, method, seed, run_dir, extra))
+    now.pop("config", None)
+    changes = config_changes(parser.parse_path(str(saved)).as_dict(), now.as_dict())
+    return f"{run_dir}: {'; '.join(changes)}" if changes else None
+
+
+def run_one(
+    config: Path, method: str, seed: int, run_dir: Path, log: Path, extra: Sequence[str] = ()
+) -> float:
     """One run in its own process; its wall time in seconds (0 when it had finished before)."""
     if (run_dir / "results.json").is_file():
         return 0.0
-    command = _fedmtl("fit", *fit_args(config, method, seed, run_dir))
+    command = _fedmtl("fit", *fit_args(config, method, seed, run_dir, extra))
     start = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)

@@ -1,5 +1,13 @@
 """Differential privacy and secure aggregation: the pure math the engine calls (docs/privacy.md)."""
 
+from fedmtl.privacy.accounting import (
+    ACCOUNTANTS,
+    epsilon,
+    epsilon_of_history,
+    epsilon_per_round,
+    noise_multiplier_for,
+    rdp_epsilon_floor,
+)
 from fedmtl.privacy.mechanisms import (
     adaptive_clip_update,
     clip_factor,
@@ -11,6 +19,12 @@ from fedmtl.privacy.mechanisms import (
 )
 
 __all__ = [
+    "ACCOUNTANTS",
+    "epsilon",
+    "epsilon_of_history",
+    "epsilon_per_round",
+    "noise_multiplier_for",
+    "rdp_epsilon_floor",
     "adaptive_clip_update",
     "clip_factor",
     "clip_vector",

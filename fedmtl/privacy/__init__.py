@@ -17,8 +17,32 @@ from fedmtl.privacy.mechanisms import (
     noisy_unclipped_fraction,
     update_noise_multiplier,
 )
+from fedmtl.privacy.secagg import (
+    FRACTION_BITS,
+    MASK_CHUNK,
+    RING_BITS,
+    check_range,
+    dequantise,
+    masked_input,
+    pair_mask,
+    quantisation_bound,
+    quantise,
+    secure_sum,
+    unmasked_sum,
+)
 
 __all__ = [
+    "FRACTION_BITS",
+    "MASK_CHUNK",
+    "RING_BITS",
+    "check_range",
+    "dequantise",
+    "masked_input",
+    "pair_mask",
+    "quantisation_bound",
+    "quantise",
+    "secure_sum",
+    "unmasked_sum",
     "ACCOUNTANTS",
     "epsilon",
     "epsilon_of_history",

@@ -121,6 +121,11 @@ class ModelConfig:
             fedmtl's earlier order. Same weights and names either way; the features differ
             (fedmtl/models/swin_windows.py). It applies to swin_t/s/b and timm's other
             swin_transformer models; other backbones (Swin V2 included) ignore it.
+        norm: batch: the encoder's and decoders' BatchNorm layers as built. group: every
+            BatchNorm (encoder, decoders) replaced by a GroupNorm over the same channels with
+            gcd(channels, 32) groups and a fresh identity affine, and activations run out of
+            place: what DP-SGD (privacy.mode sample) needs, since Opacus refuses BatchNorm
+            (docs/privacy.md). A different model: its weights are not BatchNorm's.
     """
 
     backbone: str = DEFAULT_BACKBONE
@@ -130,8 +135,14 @@ class ModelConfig:
     channels_last: bool = False
     # mmseg's order by default: the paper's encoder is mmseg's Swin whatever the weights
     swin_windows: Literal["mmseg", "timm"] = "mmseg"
+    norm: Literal["batch", "group"] = "batch"
 
     def __post_init__(self) -> None:
+        if self.norm not in ("batch", "group"):
+            raise ValueError(
+                f"model.norm must be batch or group, got {self.norm!r} (group: GroupNorm in place of "
+                "every BatchNorm, as DP-SGD needs)"
+            )
         if self.embed_dim is not None:
             _at_least("model.embed_dim", self.embed_dim, 1, " (or null: the encoder's first-scale channels)")
         if self.swin_windows not in SWIN_WINDOWS:  # jsonargparse checks the Literal; Python callers too

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fedmtl.privacy import (
+from fedmtl.privacy.mechanisms import (
     adaptive_clip_update,
     clip_factor,
     clip_vector,

@@ -24,6 +24,7 @@ HEAVY = (
     "scipy",
     "wandb",
     "matplotlib",
+    "opacus",
 )
 
 COMMANDS = [

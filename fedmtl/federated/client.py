@@ -50,6 +50,7 @@ class ClientModule(L.LightningModule):
             embed_dim=model.embed_dim,
             channels_last=model.channels_last,
             swin_windows=model.swin_windows,
+            norm=model.norm,
         )
         # A client is validated on one rank only: its metrics must not sync with other ranks.
         self.metrics = nn.ModuleDict(

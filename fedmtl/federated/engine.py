@@ -47,7 +47,8 @@ from fedmtl.federated.runlog import CSVScalarLogger, RoundWandbLogger, create_lo
 from fedmtl.federated.store import ClientState, atomic_write_text, encoder_row_numel, encoder_row_of
 from fedmtl.federated.training import LocalTrainer
 from fedmtl.methods.base import Method
-from fedmtl.privacy.run import RunPrivacy
+from fedmtl.privacy.dpsgd import SampleDP
+from fedmtl.privacy.run import run_privacy
 from fedmtl.terminal import interactive
 
 
@@ -74,7 +75,19 @@ class Simulation:
         )
         self.clients.receipts = Receipts(rows, self.clients.mine)
         self.clients.encoder_keys = [f"encoder.{name}" for name in encoder.names]
-        trainer = LocalTrainer(fabric, cfg.seed, cfg.rounds, self.clients.loader)
+        privacy = None
+        if cfg.privacy.enabled or cfg.secure_aggregation:
+            planned = int(config["rounds"]) if config and "rounds" in config else None
+            privacy = run_privacy(cfg, self.method, self.clients, planned)
+        trainer = LocalTrainer(
+            fabric,
+            cfg.seed,
+            cfg.rounds,
+            self.clients.loader,
+            dp=SampleDP(privacy.noise_multiplier, cfg.privacy.clip, cfg.seed)
+            if cfg.privacy.mode == "sample"
+            else None,
+        )
         head_layouts = {
             (dataset, task): layout
             for (dataset, task, _), layout in zip(self.clients.head_groups, heads, strict=True)
@@ -91,10 +104,7 @@ class Simulation:
         self.record = self.federation.record = RunRecord(
             cfg, self.clients, self.method, self.evaluator.labels, part_bytes
         )
-        if cfg.privacy.enabled or cfg.secure_aggregation:
-            planned = int(config["rounds"]) if config and "rounds" in config else None
-            privacy = RunPrivacy(cfg, self.method, self.clients.info, rounds_planned=planned)
-            self.federation.privacy = self.record.privacy = privacy
+        self.federation.privacy = self.record.privacy = privacy
 
     @property
     def receipts(self) -> Receipts:

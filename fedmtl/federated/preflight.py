@@ -279,5 +279,11 @@ def _check_model(cfg: RunConfig, spec: ClientSpec, img_size: tuple[int, ...]) ->
             "e.g. a multiple of 32 (Swin: of 32 x its window size)"
         ) from None
     model = module.model
+    if cfg.privacy.mode == "sample":  # Opacus's per-sample gradients: no BatchNorm, no Swin
+        from fedmtl.privacy.dpsgd import private_model_problem
+
+        problem = private_model_problem(model)
+        if problem:
+            raise ValueError(problem)
     tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     return tensors + 2 * sum(p.numel() * p.element_size() for p in model.parameters())

@@ -16,6 +16,7 @@ freezes the encoder keeps the encoder's AdamW moments untouched for later.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +27,19 @@ from torch.utils.data import DataLoader
 
 from fedmtl.config import OptimizerConfig
 from fedmtl.data.datasets import DenseDataset
+from fedmtl.federated import stopping
 from fedmtl.federated.availability import batches_done
 from fedmtl.federated.client import ClientModule, end_epoch, make_optimizer
 from fedmtl.methods.base import Penalty, Track
+from fedmtl.privacy.dpsgd import (
+    PerSampleGradients,
+    SampleDP,
+    add_gradients,
+    dp_optimizer,
+    generators,
+    poisson_loader,
+    sample_rate,
+)
 from fedmtl.seeds import derive_seed
 from fedmtl.tasks import TASKS
 from fedmtl.tensors import host_state, load_into, parameters_of
@@ -99,15 +110,26 @@ class LocalTrainer:
         seed: int,
         rounds: int,
         loader: Callable[[DenseDataset, int, int | None], DataLoader],
+        dp: SampleDP | None = None,
     ) -> None:
+        """``dp``: train with sample-level DP-SGD (:mod:`fedmtl.privacy.dpsgd`); None: plainly."""
+        if dp is not None and str(getattr(fabric.strategy.precision, "precision", "32-true")) != "32-true":
+            raise ValueError(
+                "privacy.mode sample (DP-SGD) trains in full precision: set precision: 32-true (a mixed "
+                "precision's scaled or rounded per-sample gradients would be clipped to the wrong norm)"
+            )
         self.fabric = fabric
         self.seed = seed
         self.rounds = rounds
         self.loader = loader
+        self.dp = dp
         self.dp_steps = 0  # DP-SGD steps this rank's clients took so far (privacy.mode sample)
 
     def batches(self, loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
         for batch in loader:
+            if batch is None:  # an empty Poisson batch (DP-SGD)
+                yield batch
+                continue
             batch.pop("meta", None)
             yield self.fabric.to_device(batch)
 
@@ -143,6 +165,11 @@ class LocalTrainer:
             work: the part of each epoch trained, (0, 1]: a straggler's epoch stops after
                 ceil(work x its batches) batches (``availability.straggler_work``) and still
                 counts as an epoch (``epochs_done``, the schedule). 1: every batch.
+
+        With the trainer's ``dp`` set, each epoch's batches are Poisson-sampled, and each step
+        clips every sample's gradient and adds noise (Opacus's hooks on ``module.model`` for
+        this call only); the penalty's gradient, which reads no sample, is added after the noise.
+        The returned loss means are over the steps whose batch was not empty.
         """
         spec = module.spec
         epochs = spec.local_epochs if epochs is None else epochs
@@ -167,10 +194,17 @@ class LocalTrainer:
         sums = torch.zeros(LOSS_COLUMNS, dtype=torch.float64, device=self.fabric.device)
         slots = [TASK_SLOTS[task] for task in spec.tasks]
         steps, rate_sum = 0, 0.0
-        fabric_optimizer = self.fabric.setup_optimizers(optimizer)
+        dp = self.dp
+        private, dp_steps = None, None
+        if dp is None:
+            fabric_optimizer = self.fabric.setup_optimizers(optimizer)
+        else:  # Opacus's optimiser steps the AdamW itself; full precision, one device: nothing to wrap
+            dp_steps = dp_optimizer(optimizer, dp, expected_batch_size=spec.batch_size)
         try:
             for p in parameters_of(frozen):
                 p.requires_grad_(False)
+            if dp is not None:  # after freezing: only the layers that train get hooks
+                private = PerSampleGradients(model)
             term = penalty(model) if penalty is not None else None  # sees what is frozen
             module.train()
             for _ in range(epochs):
@@ -178,9 +212,24 @@ class LocalTrainer:
                 dataset.set_epoch(epoch)
                 torch.manual_seed(derive_seed(self.seed, "train", client, epoch))
                 loader = self.loader(dataset, spec.batch_size, derive_seed(self.seed, order, client, epoch))
+                if dp is not None:
+                    sampling, dp_steps.generator = generators(
+                        dp.seed, order, client, epoch, self.fabric.device
+                    )
+                    plain = getattr(loader, "batches", loader)  # inside stopping's check, if any
+                    rate = sample_rate(len(dataset), spec.batch_size)
+                    poisson = poisson_loader(dataset, rate, sampling, getattr(plain, "num_workers", 0))
+                    loader = stopping.checked(poisson) if plain is not loader else poisson
                 # islice stops before fetching a batch past the straggler's share (None: all).
                 limit = batches_done(len(loader), work) if work < 1 else None
                 for batch in itertools.islice(self.batches(loader), limit):
+                    if dp_steps is not None:
+                        self.dp_steps += (
+                            1  # every step adds noise, an empty batch's too: the accountant's step
+                        )
+                        steps += self._private_step(module, batch, term, private, dp_steps, sums, slots)
+                        rate_sum += optimizer.param_groups[0]["lr"]
+                        continue
                     with self.fabric.autocast():
                         losses = module.training_step(batch)
                     total = losses["total"]
@@ -201,6 +250,8 @@ class LocalTrainer:
                 if scheduler is not None:
                     end_epoch(scheduler, epoch)
         finally:
+            if private is not None:
+                private.close()
             for p in parameters_of(frozen):
                 p.requires_grad_(True)
         # Copies: the device model is reused for the client's next track and for other clients.
@@ -212,3 +263,38 @@ class LocalTrainer:
             track["optimizer"] = track["scheduler"] = None
         sums[LR_SLOT] = rate_sum
         return (sums / max(steps, 1)).cpu()
+
+    def _private_step(
+        self,
+        module: ClientModule,
+        batch: dict[str, torch.Tensor] | None,
+        term: Penalty | None,
+        private: PerSampleGradients,
+        optimizer: Any,
+        sums: torch.Tensor,
+        slots: list[int],
+    ) -> int:
+        """One DP-SGD step; returns 1 when its batch held samples (its losses are summed), 0
+        for an empty batch, whose step still adds the noise (and the penalty's gradient)."""
+        if batch is None:
+            private.empty_batch()
+        else:
+            losses = module.training_step(batch)
+            with warnings.catch_warnings():  # the first layer's input needs no gradient: true, harmless
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                self.fabric.backward(losses["total"])  # the hooks store each sample's gradient
+            sums[TOTAL_SLOT] += losses["total"].detach()
+            sums[slots] += torch.stack([losses[t].detach() for t in module.spec.tasks]).to(sums.dtype)
+        penalty_grads = None
+        if term is not None:
+            value = term()
+            if batch is not None:
+                sums[PENALTY_SLOT] += value.detach()
+            if value.requires_grad:
+                penalty_grads = torch.autograd.grad(value, optimizer.params, allow_unused=True)
+        if optimizer.pre_step():  # clip each sample's gradient, sum, add noise, divide
+            if penalty_grads is not None:
+                add_gradients(optimizer.params, penalty_grads)
+            optimizer.original_optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return 0 if batch is None else 1

@@ -16,6 +16,7 @@ from torch import nn
 
 from fedmtl.models.backbone import DEFAULT_BACKBONE, SwinWindows, create_encoder
 from fedmtl.models.decoder import FCNDecoder, Head
+from fedmtl.models.norms import Norm, out_of_place, replace_batch_norm
 from fedmtl.tasks import check_tasks, get_task
 
 
@@ -39,6 +40,9 @@ class MultiTaskModel(nn.Module):
             rounding differs.
         swin_windows: a Swin encoder's shifted-window order, ``"mmseg"`` (default) or ``"timm"``
             (see :func:`fedmtl.models.backbone.create_encoder`); other backbones ignore it.
+        norm: ``"batch"`` (default): the layers as built; ``"group"``: every BatchNorm (encoder,
+            decoders) replaced by GroupNorm and activations run out of place
+            (:mod:`fedmtl.models.norms`), as DP-SGD needs.
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class MultiTaskModel(nn.Module):
         pretrained_strict: bool = True,
         channels_last: bool = False,
         swin_windows: SwinWindows = "mmseg",
+        norm: Norm = "batch",
     ) -> None:
         super().__init__()
         self.dataset = dataset
@@ -66,6 +71,11 @@ class MultiTaskModel(nn.Module):
         embed_dim = embed_dim or self.encoder.channels[0]
         self.decoders = nn.ModuleDict({t: FCNDecoder(self.encoder.channels, embed_dim) for t in self.tasks})
         self.heads = nn.ModuleDict({t: Head(embed_dim, get_task(t).channels(dataset)) for t in self.tasks})
+        if norm == "group":
+            replace_batch_norm(self)
+            out_of_place(self)
+        elif norm != "batch":
+            raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}")
         self.channels_last = channels_last
         if channels_last:
             # Moving the module later (.to(device)) keeps the layout; loading a state dict copies

@@ -1,59 +1,12 @@
-"""Differential privacy and secure aggregation: the pure math the engine calls (docs/privacy.md)."""
+"""Differential privacy and secure aggregation (docs/privacy.md).
 
-from fedmtl.privacy.accounting import (
-    ACCOUNTANTS,
-    epsilon,
-    epsilon_of_history,
-    epsilon_per_round,
-    noise_multiplier_for,
-    rdp_epsilon_floor,
-)
-from fedmtl.privacy.mechanisms import (
-    adaptive_clip_update,
-    clip_factor,
-    clip_vector,
-    default_count_stddev,
-    gaussian_noise,
-    noisy_unclipped_fraction,
-    update_noise_multiplier,
-)
-from fedmtl.privacy.secagg import (
-    FRACTION_BITS,
-    MASK_CHUNK,
-    RING_BITS,
-    check_range,
-    dequantise,
-    masked_input,
-    pair_mask,
-    quantisation_bound,
-    quantise,
-    secure_sum,
-    unmasked_sum,
-)
+- :mod:`fedmtl.privacy.mechanisms`: clipping, Gaussian noise, adaptive clipping (pure);
+- :mod:`fedmtl.privacy.accounting`: ε and z from Opacus's RDP and PRV accountants;
+- :mod:`fedmtl.privacy.secagg`: secure aggregation simulated in a fixed-point ring (pure);
+- :mod:`fedmtl.privacy.server`: what a sum-only server step does under central DP or SecAgg;
+- :mod:`fedmtl.privacy.dpsgd`: sample-level DP-SGD with Opacus;
+- :mod:`fedmtl.privacy.run`: the engine's one object for a run's privacy.
 
-__all__ = [
-    "FRACTION_BITS",
-    "MASK_CHUNK",
-    "RING_BITS",
-    "check_range",
-    "dequantise",
-    "masked_input",
-    "pair_mask",
-    "quantisation_bound",
-    "quantise",
-    "secure_sum",
-    "unmasked_sum",
-    "ACCOUNTANTS",
-    "epsilon",
-    "epsilon_of_history",
-    "epsilon_per_round",
-    "noise_multiplier_for",
-    "rdp_epsilon_floor",
-    "adaptive_clip_update",
-    "clip_factor",
-    "clip_vector",
-    "default_count_stddev",
-    "gaussian_noise",
-    "noisy_unclipped_fraction",
-    "update_noise_multiplier",
-]
+Nothing is imported here: the method modules import :mod:`fedmtl.privacy.server`, and the
+quick commands must not pull in Opacus (tests/test_startup.py).
+"""

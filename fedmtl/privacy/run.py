@@ -28,7 +28,7 @@ from torch import nn
 from fedmtl.aggregation.base import ClientInfo
 from fedmtl.config import PrivacyConfig, RunConfig
 from fedmtl.methods.base import Method
-from fedmtl.privacy import accounting
+from fedmtl.privacy import accounting, dpsgd
 from fedmtl.privacy.mechanisms import (
     adaptive_clip_update,
     clip_factor,
@@ -39,6 +39,18 @@ from fedmtl.privacy.mechanisms import (
 )
 from fedmtl.privacy.server import ServerPrivacy
 from fedmtl.seeds import derive_seed
+
+
+def run_privacy(cfg: RunConfig, method: Method, clients: Any, rounds_planned: int | None) -> RunPrivacy:
+    """The :class:`RunPrivacy` of a run whose federation is ``clients``
+    (:class:`~fedmtl.federated.clients.Clients`): for DP-SGD, each client's sampling rate and
+    steps per round (its local epochs of Poisson batches) come from its data and batch size."""
+    rates, steps = [], []
+    if cfg.privacy.mode == "sample":
+        for info, spec in zip(clients.info, clients.specs, strict=True):
+            rates.append(dpsgd.sample_rate(info.num_samples, spec.batch_size))
+            steps.append(spec.local_epochs * dpsgd.batches_per_epoch(info.num_samples, spec.batch_size))
+    return RunPrivacy(cfg, method, clients.info, rates, steps, rounds_planned)
 
 
 def check_privacy(cfg: RunConfig) -> None:
@@ -231,7 +243,7 @@ class RunPrivacy:
         returns its norm before clipping."""
         modules = part_modules(model, parts, tasks)
         params = [p for m in modules for p in m.parameters()]
-        std = self.update_noise * self.clip if self.mode == "local" else 0.0
+        std = self.noise_stddev if self.mode == "local" else 0.0
         seed = derive_seed(self.seed, "local-noise", round_, client)
         return privatise(params, starts, self.clip, std, seed)
 
@@ -240,12 +252,17 @@ class RunPrivacy:
         """Copies of the parameters of ``parts`` before training (what the update is against)."""
         return [p.detach().clone() for m in part_modules(model, parts, tasks) for p in m.parameters()]
 
+    @property
+    def noise_stddev(self) -> float:
+        """z·C of an update this round (0 without noise: z = 0 with no clip is no noise, not NaN)."""
+        return self.update_noise * self.clip if self.update_noise > 0 else 0.0
+
     def server_privacy(self, round_: int) -> ServerPrivacy | None:
         """What the server step of round ``round_`` does differently; None: nothing."""
         central = self.mode == "central"
         if not (central or self.secure):
             return None
-        stddev = self.update_noise * self.clip if central else 0.0
+        stddev = self.noise_stddev if central else 0.0
         return ServerPrivacy(self.seed, round_, stddev, self.secure)
 
     def after_round(
@@ -280,6 +297,8 @@ class RunPrivacy:
             return accounting.epsilon(
                 self.noise_multiplier, self.client_rate, self.rounds_released, cfg.delta, cfg.accountant
             )
+        if self.mode is None:
+            return 0.0
         if self.mode == "local":
             return accounting.epsilon(
                 self.noise_multiplier, 1.0, max(self.releases), cfg.delta, cfg.accountant
@@ -295,6 +314,8 @@ class RunPrivacy:
     def values(self) -> dict[str, float]:
         """The round's logged scalars: ``privacy/epsilon``, the clip norm, the noisy unclipped
         fraction (adaptive clipping)."""
+        if self.mode is None:  # secure aggregation alone: nothing is spent
+            return {}
         values = {"privacy/epsilon": self.epsilon(), "privacy/clip": float(self.clip)}
         if self.unclipped_fraction is not None:
             values["privacy/unclipped_fraction"] = self.unclipped_fraction

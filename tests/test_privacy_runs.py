@@ -113,11 +113,11 @@ def test_central_dp_logs_epsilon_every_round_and_writes_it_to_results(noisy):
     assert block["mode"] == "central" and block["secure_aggregation"] is True
     assert block["rounds_accounted"] == 3 and block["delta"] == 1e-5 and block["adaptive_clip"] is True
     with (run / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("privacy/epsilon")]
-    epsilons = [float(r["privacy/epsilon"]) for r in rows]
+        rows = list(csv.DictReader(f))  # round,key,value
+    epsilons = [float(r["value"]) for r in rows if r["key"] == "privacy/epsilon"]
     assert len(epsilons) == 3 and epsilons == sorted(epsilons) and epsilons[0] > 0
     assert math.isclose(epsilons[-1], block["epsilon"], rel_tol=1e-9)
-    clips = [float(r["privacy/clip"]) for r in rows]
+    clips = [float(r["value"]) for r in rows if r["key"] == "privacy/clip"]
     assert len(set(clips)) == 3 and math.isclose(clips[-1], block["final_clip"])  # adapted every round
 
 

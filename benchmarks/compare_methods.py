@@ -34,7 +34,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -105,6 +105,24 @@ def stale_run(
     return f"{run_dir}: {'; '.join(changes)}" if changes else None
 
 
+def run_all(runs: Mapping[str, tuple], jobs: int) -> dict[str, float] | None:
+    """Each run (name -> :func:`run_one`'s arguments), ``jobs`` at a time, with a progress bar;
+    each one's seconds, or None once one failed (said in one line; the runs under way finish,
+    nothing else starts)."""
+    seconds: dict[str, float] = {}
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(run_one, *arguments): name for name, arguments in runs.items()}
+        for future in tqdm(as_completed(futures), total=len(futures), desc="runs"):
+            try:
+                seconds[futures[future]] = future.result()
+            except RuntimeError as failed:
+                for queued in futures:
+                    queued.cancel()
+                print(f"error: {failed}", file=sys.stderr)
+                return None
+    return seconds
+
+
 def run_one(
     config: Path, method: str, seed: int, run_dir: Path, log: Path, extra: Sequence[str] = ()
 ) -> float:
@@ -168,20 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _ensure_data(cfg)  # once, before the runs start in parallel
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
-    seconds: dict[str, float] = {}
-    with ThreadPoolExecutor(args.jobs) as pool:
-        futures = {
-            pool.submit(run_one, args.config, method, seed, run_dir, log): f"{method}/seed_{seed}"
+    seconds = run_all(
+        {
+            f"{method}/seed_{seed}": (args.config, method, seed, run_dir, log)
             for (method, seed), (run_dir, log) in jobs.items()
-        }
-        for future in tqdm(as_completed(futures), total=len(futures), desc="runs"):
-            try:
-                seconds[futures[future]] = future.result()
-            except RuntimeError as failed:  # the runs under way finish; nothing else starts
-                for queued in futures:
-                    queued.cancel()
-                print(f"error: {failed}", file=sys.stderr)
-                return 1
+        },
+        args.jobs,
+    )
+    if seconds is None:
+        return 1
 
     trivial = scenario_trivial_metrics(cfg)
     (args.out / "trivial.json").write_text(json.dumps(trivial, indent=2))

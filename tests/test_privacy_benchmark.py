@@ -29,7 +29,7 @@ def bench():
 def test_the_defaults_are_the_benchmark_shape(bench, tmp_path):
     args = bench.parse_args(["--out", str(tmp_path)])
     assert args.methods == ["FedAvg", "FedPer", "FedHCA2"]
-    assert args.noise == [0.3, 1.0, 3.0]
+    assert args.noise == [0.01, 0.1, 1.0]
     assert args.seeds == [0, 1, 2]
     assert args.mode == "auto" and args.rounds is None and not args.dry_run
     assert args.config == REPO / "configs" / "benchmark" / "scenario1.yaml"

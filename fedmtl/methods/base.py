@@ -21,6 +21,7 @@ that gives plain FedAvg-style behaviour, so a method overrides only what makes i
 | ``evaluated_models`` | which model(s) are evaluated, the paper's first            | Ditto, FedBABU   |
 | ``shared_parts``     | the parts it shares: sent each round, given to new clients | FedPer, Local    |
 | ``exchange``         | what a client sends and receives in a round (its cost)     | FedAMP, FedSTA   |
+| ``individual_updates`` | what of the step reads an update alone (None: sums only) | FedHCA2, FedAMP |
 
 The server step is written once, as :meth:`Method.server_step`: it takes the encoder rows
 the method names (``encoder_rows``, made by ``encoder_row``) as

@@ -596,7 +596,9 @@ def _check_run_dir(parser: ArgumentParser, cfg: Any, cfg_ns: Namespace) -> bool:
     if folder is not None:  # the checkpoint's own record first: config.yaml may be lost or edited
         from fedmtl.federated import resume_checks
 
-        resume_checks.check_config(folder, cfg_ns.as_dict(), "resume", "this config")
+        resume_checks.check_config(
+            folder, cfg_ns.as_dict(), "resume", "this config", parser.get_defaults().as_dict()
+        )
     if folder is None:
         held = [n for n in rundir.contents(run_dir) if n in ("results.json", "metrics.csv")]
         if held:
@@ -778,7 +780,9 @@ def _evaluate(args: Namespace, command: str) -> None:
 
         folder, _ = checkpoint.resumable(run_dir)
         if folder is not None:
-            resume_checks.check_config(folder, cfg_ns.as_dict(), command, given)
+            resume_checks.check_config(
+                folder, cfg_ns.as_dict(), command, given, parser.get_defaults().as_dict()
+            )
     # It writes {command}_results.json (and, with store: disk, the client store): one writer.
     with runlock.hold(run_dir, command) if leader else contextlib.nullcontext():
         if leader:

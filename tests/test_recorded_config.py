@@ -326,3 +326,20 @@ def test_a_collective_whose_peer_is_gone_is_told_from_other_errors(finished):
         "error: the process of rank 0 ended unexpectedly (its connection closed: killed, out of memory, or its "
         "machine failed); the latest complete checkpoint is round_0002: continue the run with --resume true"
     )
+
+
+def test_a_record_from_before_a_field_existed_compares_it_at_its_default():
+    """Issue #39 added privacy, secure_aggregation and model.norm: a checkpoint recorded before
+    them ran without privacy, with BatchNorm, and still resumes; a change of them is named."""
+    from fedmtl.cli import _run_parser
+    from fedmtl.federated import rundir
+    from fedmtl.federated.resume_checks import with_defaults
+
+    defaults = checkpoint.comparable(_run_parser().get_defaults().as_dict())
+    now = dict(defaults)
+    old = {k: v for k, v in defaults.items() if k not in ("privacy", "secure_aggregation")}
+    old["model"] = {k: v for k, v in defaults["model"].items() if k != "norm"}
+    assert rundir.config_changes(old, now)  # compared as they are, the new fields read as changes
+    assert rundir.config_changes(with_defaults(old, defaults), now) == []
+    private = {**now, "privacy": {**now["privacy"], "mode": "central"}}
+    assert rundir.config_changes(with_defaults(old, defaults), private) == ["privacy.mode: None -> 'central'"]

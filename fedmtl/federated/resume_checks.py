@@ -126,15 +126,32 @@ def data_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return out
 
 
-def check_config(folder: Path, config: dict[str, Any], doing: str, given: str) -> None:
+def with_defaults(recorded: Any, defaults: Any) -> Any:
+    """``recorded`` with every field it lacks and ``defaults`` has, at its default: a record
+    written before fedmtl had a field (``privacy``, ``model.norm``) ran as its default does."""
+    if not (isinstance(recorded, dict) and isinstance(defaults, dict)):
+        return recorded
+    filled = {key: with_defaults(value, defaults.get(key)) for key, value in recorded.items()}
+    for key, value in defaults.items():
+        filled.setdefault(key, value)
+    return filled
+
+
+def check_config(
+    folder: Path, config: dict[str, Any], doing: str, given: str, defaults: dict[str, Any] | None = None
+) -> None:
     """Refuse ``config`` (a resolved config, ``Namespace.as_dict()``; ``given``: where it comes
     from, in words) when it differs from the one checkpoint ``folder`` was written under in a
     field a resume may not change, naming the differing fields. Read before any state is
     loaded: another client order or architecture is named here, never as a state that does not
-    fit its model. A checkpoint written before fedmtl recorded its config is not compared."""
+    fit its model. A checkpoint written before fedmtl recorded its config is not compared; a
+    field the record lacks (added since) is compared at its value in ``defaults`` (the
+    parser's defaults, resolved)."""
     recorded = checkpoint.recorded_config(folder)
     if recorded is None:
         return
+    if defaults is not None:
+        recorded = with_defaults(recorded, checkpoint.comparable(defaults))
     changes = rundir.config_changes(recorded, checkpoint.comparable(config))
     if not changes:
         return

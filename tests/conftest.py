@@ -37,3 +37,24 @@ def module_dir(tmp_path_factory, request) -> Iterator[Path]:
     yield path
     if request.session.testsfailed == failed_before:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def method_run(tmp_path_factory, data_root):
+    """``method_run(name)``: method ``name``'s 2-round run of the tiny scenario, (config, run_dir),
+    made the first time a test of the session asks for it and shared by every test after."""
+    from tests.helpers import fit, tiny_config
+
+    folder = tmp_path_factory.mktemp("method_runs")
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def run(name: str) -> tuple[Path, Path]:
+        if name not in made:
+            config = tiny_config(
+                folder, data_root, name=f"{name}.yaml", algorithm={"class_path": name}, rounds=2
+            )
+            fit(config, folder / name)
+            made[name] = (config, folder / name)
+        return made[name]
+
+    return run

@@ -18,7 +18,7 @@ import torch
 from fedmtl.cli import main
 from fedmtl.federated import checkpoint
 from fedmtl.methods import METHODS, FedAvg, Method, create_method
-from tests.helpers import client_states, fit, fit_killed_in_round, fit_refused, tiny_config
+from tests.helpers import client_states, fit, fit_killed_in_round, fit_refused, read_results, tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PERSONAL_STATE = ["Ditto", "FedAMP", "FedBABU"]  # methods whose clients keep state the server never sees
@@ -29,10 +29,8 @@ def _metrics(results: dict) -> list[float]:
 
 
 @pytest.mark.parametrize("name", METHODS.names())
-def test_every_method_runs_end_to_end_and_reports_its_evaluated_model(tmp_path, data_root, name):
-    results = fit(
-        tiny_config(tmp_path, data_root, algorithm={"class_path": name}, rounds=2), tmp_path / "run"
-    )
+def test_every_method_runs_end_to_end_and_reports_its_evaluated_model(method_run, name):
+    results = read_results(method_run(name)[1])
     method = METHODS.get(name)
     assert results["algorithm"] == name
     assert results["evaluated"] == method.evaluated

@@ -36,24 +36,11 @@ def _same_states(a, b) -> None:
             assert torch.equal(tensor, right["model"][key]), key
 
 
-@pytest.fixture(scope="module")
-def plain_runs(module_dir, data_root):
-    """Every method on the tiny scenario for 2 rounds without privacy: the reference."""
-    runs = {}
-    for name in METHODS.names():
-        config = tiny_config(
-            module_dir, data_root, name=f"{name}.yaml", algorithm={"class_path": name}, rounds=2
-        )
-        fit(config, module_dir / f"plain-{name}")
-        runs[name] = (config, module_dir / f"plain-{name}")
-    return runs
-
-
 @pytest.mark.parametrize("name", METHODS.names())
 def test_local_dp_with_no_noise_and_no_clip_is_the_run_without_privacy_bit_for_bit(
-    plain_runs, tmp_path, name
+    method_run, tmp_path, name
 ):
-    config, plain = plain_runs[name]
+    config, plain = method_run(name)
     results = fit(config, tmp_path / "private", "--privacy.mode", "local", *NO_NOISE)
     _same_states(client_states(plain), client_states(tmp_path / "private"))
     assert results["privacy"]["mode"] == "local"
@@ -64,8 +51,8 @@ def test_local_dp_with_no_noise_and_no_clip_is_the_run_without_privacy_bit_for_b
 
 
 @pytest.mark.parametrize("name", ["FedAvg", "FedOpt", "FedDEA"])
-def test_central_dp_and_secure_aggregation_with_no_noise_match_the_plain_run(plain_runs, tmp_path, name):
-    config, plain = plain_runs[name]
+def test_central_dp_and_secure_aggregation_with_no_noise_match_the_plain_run(method_run, tmp_path, name):
+    config, plain = method_run(name)
     fit(config, tmp_path / "central", "--privacy.mode", "central", *NO_NOISE)
     _same_states(client_states(plain), client_states(tmp_path / "central"))
     # Secure aggregation: round 1's sums up to the ring's fixed-point rounding (later rounds
@@ -137,8 +124,8 @@ def test_the_noise_is_the_same_after_a_resume(noisy, tmp_path, monkeypatch):
     assert read_results(one)["privacy"] == read_results(killed)["privacy"]
 
 
-def test_local_noise_changes_what_the_server_sees(plain_runs, tmp_path):
-    config, plain = plain_runs["FedAvg"]
+def test_local_noise_changes_what_the_server_sees(method_run, tmp_path):
+    config, plain = method_run("FedAvg")
     fit(config, tmp_path / "local", "--privacy.mode", "local", "--privacy.noise_multiplier", "1")
     states = client_states(tmp_path / "local")
     encoder = [

@@ -126,7 +126,12 @@ def test_the_noise_is_the_same_after_a_resume(noisy, tmp_path, monkeypatch):
 
 def test_local_noise_changes_what_the_server_sees(method_run, tmp_path):
     config, plain = method_run("FedAvg")
-    fit(config, tmp_path / "local", "--privacy.mode", "local", "--privacy.noise_multiplier", "1")
+    # z·C = 20 per entry: far beyond update_norm_limit's 10x growth, which reads the update as
+    # trained (deliberate noise is no divergence): nothing is dropped.
+    fit(config, tmp_path / "local", "--privacy.mode", "local", "--privacy.noise_multiplier", "20")
+    with (tmp_path / "local" / "metrics.csv").open() as f:
+        dropped = [float(r["value"]) for r in csv.DictReader(f) if r["key"] == "server/dropped_updates"]
+    assert dropped == [0.0, 0.0]
     states = client_states(tmp_path / "local")
     encoder = [
         k

@@ -287,11 +287,6 @@ class Round:
         load_into(module.model, state["model"])  # the federated track (a method may train others)
         if privacy is not None:
             self.privacy_columns[i, 1] = fed.trainer.dp_steps - steps_before
-        if parts:  # what leaves the client is its clipped (and, local, noised) update
-            assert privacy is not None
-            norm = privacy.privatise_client(module.model, starts, parts, spec.tasks, self.number, i)
-            self.privacy_columns[i, 0] = norm
-            state["model"] = host_state(module.model)
         bad = nonfinite_pools(module.model, spec.tasks, state["personal"])
         grown = 0.0
         enc_trained = fed.encoder_layout.flatten(module.model.encoder)
@@ -312,7 +307,18 @@ class Round:
                 self.clients.store.put(i, kept)  # the memory store's state was changed in place
             if self.method.reads_every_client:
                 self.write_rows(i, enc_prev, enc_prev)
+            self.privacy_columns[i, 0] = float("nan")  # sent, but neither clipped nor counted unclipped
             return losses, bad, grown
+        if parts:  # what leaves the client is its clipped (and, local, noised) update; the health
+            # checks above read the update as trained: deliberate noise is no divergence
+            assert privacy is not None
+            self.privacy_columns[i, 0] = privacy.privatise_client(
+                module.model, starts, parts, spec.tasks, self.number, i
+            )
+            state["model"] = host_state(module.model)
+            enc_trained = fed.encoder_layout.flatten(module.model.encoder)
+            for pool in rows:
+                pool.finish(i, module.model)
         self.write_rows(i, enc_prev, enc_trained)
         self.clients.store_state(i, state, self.number if self.fed.encoder_in_row(self.number) else None)
         return losses, 0, 0.0

@@ -233,8 +233,8 @@ def render_table(rows: Sequence[Row]) -> str:
 
 
 def draw_figure(rows: Sequence[Row], path: Path) -> Path:
-    """Δm against ε, log x, one line (with ± std bars) per method and mode, Local (no privacy)
-    as a horizontal line. A point of infinite ε cannot sit on a log axis and is left out."""
+    """Δm against ε, log x, symmetric-log y, one line (with ± std bars) per method and mode,
+    Local (no privacy) as a horizontal line. A point of infinite ε cannot sit on a log axis and is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -260,8 +260,10 @@ def draw_figure(rows: Sequence[Row], path: Path) -> Path:
             label=f"{display_name(method)} ({mode} DP)",
         )
     ax.set_xscale("log")
+    # Noise that wrecks a model drives Δm to -10^6 %: linear within ±100 %, logarithmic beyond.
+    ax.set_yscale("symlog", linthresh=100)
     ax.set_xlabel("ε (δ as in the table; log scale)")
-    ax.set_ylabel("Δm against Local (%)")
+    ax.set_ylabel("Δm against Local (%; log beyond ±100)")
     ax.set_title("Privacy-utility: Δm against ε")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")

@@ -137,14 +137,6 @@ def with_defaults(recorded: Any, defaults: Any) -> Any:
     return filled
 
 
-def _with_defaults_but_algorithm(recorded: Any, defaults: dict[str, Any]) -> Any:
-    """:func:`with_defaults` outside ``algorithm``, whose defaults are another class's (the
-    parser's default method), not the recorded method's."""
-    if not isinstance(recorded, dict):
-        return recorded
-    return with_defaults(recorded, {k: v for k, v in defaults.items() if k != "algorithm"})
-
-
 def check_config(
     folder: Path, config: dict[str, Any], doing: str, given: str, defaults: dict[str, Any] | None = None
 ) -> None:
@@ -159,7 +151,9 @@ def check_config(
     if recorded is None:
         return
     if defaults is not None:
-        recorded = _with_defaults_but_algorithm(recorded, checkpoint.comparable(defaults))
+        # Not inside `algorithm`: its defaults are the parser's default method's, not the run's.
+        fields = {k: v for k, v in checkpoint.comparable(defaults).items() if k != "algorithm"}
+        recorded = with_defaults(recorded, fields)
     changes = rundir.config_changes(recorded, checkpoint.comparable(config))
     if not changes:
         return

@@ -174,11 +174,15 @@ class Method(Aggregator):
         self.check_run(rounds, len(clients))
         self.rounds, self.seed, self.num_clients = rounds, seed, len(clients)
 
+    def clients_per_round(self, num_clients: int) -> int:
+        """How many of ``num_clients`` train in a round: ``participation`` of them, at least one."""
+        return max(1, round(self.participation * num_clients))
+
     def participants(self, round_: int) -> list[int] | None:
         """The clients (sorted indices) that train in round ``round_``; None: all of them."""
         if self.participation >= 1:
             return None
-        count = max(1, round(self.participation * self.num_clients))
+        count = self.clients_per_round(self.num_clients)
         chosen = random.Random(derive_seed(self.seed, "participation", round_)).sample(
             range(self.num_clients), count
         )

@@ -95,9 +95,7 @@ def last_round_within_target(cfg: RunConfig, num_clients: int) -> int | None:
     z, target = privacy.noise_multiplier, privacy.target_epsilon
     if privacy.mode not in ("central", "local") or z is None or target is None:
         return None
-    rate = (
-        max(1, round(method.participation * num_clients)) / num_clients if privacy.mode == "central" else 1.0
-    )
+    rate = method.clients_per_round(num_clients) / num_clients if privacy.mode == "central" else 1.0
     steps, last = 0, 0
     for r in range(1, cfg.rounds + 1):
         steps += bool(shared_up(method, r))
@@ -190,7 +188,7 @@ class RunPrivacy:
         self.num_clients = len(clients)
         self.sample_rates = list(sample_rates)
         self.steps_per_round = list(steps_per_round)
-        expected = max(1, round(method.participation * self.num_clients))
+        self.expected_clients = expected = method.clients_per_round(self.num_clients)
         # Client-level DP samples clients: each round's are a draw of this share of them.
         self.client_rate = expected / self.num_clients
         adaptive = self.config.adaptive_clip
@@ -281,8 +279,9 @@ class RunPrivacy:
         if self.count_stddev is not None:
             unclipped = sum(1 for i in senders if float(norms[i]) <= self.clip)
             seed = derive_seed(self.seed, "clip-count", round_)
-            expected = max(1, round(self.method.participation * self.num_clients))
-            self.unclipped_fraction = noisy_unclipped_fraction(unclipped, expected, self.count_stddev, seed)
+            self.unclipped_fraction = noisy_unclipped_fraction(
+                unclipped, self.expected_clients, self.count_stddev, seed
+            )
             adaptive = self.config.adaptive_clip
             self.clip = adaptive_clip_update(
                 self.clip, self.unclipped_fraction, adaptive.target_quantile, adaptive.clip_lr

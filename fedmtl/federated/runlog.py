@@ -151,12 +151,12 @@ def log_charts(
     so far (``aggregation/alpha``: FedHCA²'s α, one line per client, like the paper's figure),
     and each (rows, columns, values) matrix as an annotated heatmap image (``aggregation/beta``:
     decoder x layer β, like the paper's Fig. 7). The values themselves are in metrics.csv."""
-    import wandb
-
     wandb_loggers = [lg for lg in loggers if isinstance(lg, WandbLogger)]
     csv_loggers = [lg for lg in loggers if isinstance(lg, CSVScalarLogger)]
     if not wandb_loggers:
         return
+    import wandb  # only with wandb on: the import takes seconds
+
     logged: dict[str, Any] = {}
     for name, members in (aggregation_series(csv_loggers[0].path) if csv_loggers else {}).items():
         logged[f"{AGGREGATION}/{name}"] = wandb.plot.line_series(

@@ -141,7 +141,7 @@ class FedAvg(Method):
         for g, (key, (sources, _)) in enumerate(live.items()):
             noise = privacy.noise("encoder", key, means.shape[1], len(sources))
             if noise is not None:
-                means[g] += noise
+                means[g] += noise.to(means.device)
         return EncoderMix(means, mixing, own={"trained": trained})
 
     def _group_weights(

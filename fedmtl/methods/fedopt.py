@@ -133,7 +133,7 @@ class FedOpt(FedAvg):
             for g, (key, sources, _) in enumerate(live):
                 noise = privacy.noise("encoder", key, delta.shape[1], len(sources))
                 if noise is not None:
-                    delta[g] += noise
+                    delta[g] += noise.to(delta.device)
         stepped = []
         for g, (key, _, _) in enumerate(live):
             name = f"encoders/{key}"  # as the stacked step named it: earlier checkpoints resume

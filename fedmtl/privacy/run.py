@@ -145,7 +145,10 @@ def privatise(
     if factor == 1.0 and noise_std == 0:
         return norm
     total = sum(d.numel() for d in deltas)
-    noise = gaussian_noise(total, noise_std, seed).double() if noise_std > 0 else None
+    # Drawn on the CPU, then moved: the same bits whatever device the client trains on.
+    noise = (
+        gaussian_noise(total, noise_std, seed).to(deltas[0].device, torch.float64) if noise_std > 0 else None
+    )
     offset = 0
     with torch.no_grad():
         for p, s, d in zip(params, starts, deltas, strict=True):

@@ -33,8 +33,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import gpu_rounds
-import results_file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when a test loads this file by path
+
+import gpu_rounds  # noqa: E402
+import results_file  # noqa: E402
 
 NOISE = ["--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0", "--privacy.delta", "1e-5"]
 

@@ -221,14 +221,3 @@ def test_hooks_are_removed_after_training_and_frozen_layers_stay():
     assert not hasattr(client.model, "autograd_grad_sample_hooks")
     assert not any(hasattr(p, "grad_sample") or hasattr(p, "summed_grad") for p in client.model.parameters())
     assert all(p.requires_grad for p in client.model.parameters())
-
-
-def test_mixed_precision_is_refused_with_dp():
-    with pytest.raises(ValueError, match="set precision: 32-true"):
-        training.LocalTrainer(
-            L.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed"),
-            0,
-            1,
-            None,
-            dp=SampleDP(1.0, 1.0, 0),
-        )

@@ -194,6 +194,11 @@ def test_local_noise_changes_what_the_server_sees(method_run, tmp_path):
             ],
             "error: privacy.target_epsilon 0.5 is spent by round 1 alone",
         ),
+        (
+            "FedAvg",
+            ["--privacy.mode", "sample", "--privacy.noise_multiplier", "1", "--precision", "bf16-mixed"],
+            "error: privacy.mode sample (DP-SGD) trains in full precision, but precision is bf16-mixed",
+        ),
     ],
 )
 def test_a_bad_privacy_combination_is_one_line_before_anything_is_written(

@@ -113,11 +113,6 @@ class LocalTrainer:
         dp: SampleDP | None = None,
     ) -> None:
         """``dp``: train with sample-level DP-SGD (:mod:`fedmtl.privacy.dpsgd`); None: plainly."""
-        if dp is not None and str(getattr(fabric.strategy.precision, "precision", "32-true")) != "32-true":
-            raise ValueError(
-                "privacy.mode sample (DP-SGD) trains in full precision: set precision: 32-true (a mixed "
-                "precision's scaled or rounded per-sample gradients would be clipped to the wrong norm)"
-            )
         self.fabric = fabric
         self.seed = seed
         self.rounds = rounds

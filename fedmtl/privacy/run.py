@@ -79,6 +79,12 @@ def check_privacy(cfg: RunConfig) -> None:
             "privacy.target_epsilon with a set privacy.noise_multiplier stops a client-level run (central, "
             "local) at its target; for mode sample set only one of them (target_epsilon alone derives z)"
         )
+    if privacy.mode == "sample" and cfg.precision != "32-true":
+        raise ValueError(
+            f"privacy.mode sample (DP-SGD) trains in full precision, but precision is {cfg.precision}: set "
+            "precision: 32-true (a mixed precision's scaled or rounded per-sample gradients would be clipped "
+            "to the wrong norm)"
+        )
     if privacy.adaptive_clip.enabled and privacy.mode == "local":
         raise ValueError(
             "privacy.adaptive_clip needs a trusted server to add noise to the count of unclipped updates, "

@@ -34,9 +34,12 @@ def _git(*args: str) -> str:
 
 
 def commit() -> str:
-    """The checked-out commit, short, and whether the tracked files differ from it."""
+    """The checked-out commit, short, and whether the tracked files differ from it. The
+    recorded figures themselves (this folder, the probes') do not count: a script that writes
+    its figure before its table, or a record not yet committed, changes no code that ran."""
     head = _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    records = [f":(top,exclude){folder.relative_to(RESULTS.parents[1])}" for folder in (RESULTS, PROBES)]
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ":/", *records)
     return f"{head} + uncommitted changes" if dirty else head
 
 

@@ -125,6 +125,32 @@ def test_a_results_file_names_the_command_commit_date_and_machine(tmp_path, monk
     assert lines[-1] == "| a | b |"
 
 
+def test_a_changed_record_does_not_make_the_commit_read_as_changed(tmp_path, monkeypatch):
+    """A script that writes its figure before its table (privacy_utility.py) recorded
+    '+ uncommitted changes' for its own figure: only changed code counts."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "probes" / "results").mkdir(parents=True)
+    files = ("benchmarks/script.py", "benchmarks/results/a.md", "probes/results/b.md")
+    for name in files:
+        (tmp_path / name).write_text("1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    results_file = _script("benchmarks/results_file")
+    monkeypatch.setattr(results_file, "RESULTS", tmp_path / "benchmarks" / "results")
+    monkeypatch.setattr(results_file, "PROBES", tmp_path / "probes" / "results")
+    (tmp_path / files[1]).write_text("2\n")
+    (tmp_path / files[2]).write_text("2\n")
+    assert not results_file.commit().endswith("uncommitted changes")
+    (tmp_path / files[0]).write_text("2\n")
+    assert results_file.commit().endswith(" + uncommitted changes")
+
+
 def test_the_recorded_commit_is_this_checkout_s_head():
     import subprocess
 

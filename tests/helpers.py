@@ -8,9 +8,12 @@ of every method go through the real engine, CLI, store and checkpoints.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import yaml
 
@@ -27,6 +30,20 @@ TINY = {
     "logger": {"wandb": False},
 }
 TINY_CLIENTS = 3  # pascal_context-semseg, pascal_context-sal, nyud-semseg+depth
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: str, register: bool = False) -> ModuleType:
+    """The script ``REPO/PATH.py`` (``benchmarks/NAME``, ``probes/NAME``) loaded as a module
+    named NAME: by its file, since Opacus installs a top-level ``benchmarks`` package that
+    shadows ours. ``register``: also as ``sys.modules[NAME]``, which a script's dataclasses
+    need while it loads (the caller removes it when done)."""
+    spec = importlib.util.spec_from_file_location(Path(path).name, REPO / f"{path}.py")
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_config(tmp_path: Path, data_root: Path, name: str = "scenario.yaml", **changes) -> Path:

@@ -8,21 +8,14 @@ test's own folder), as tiny runs of the cheap ones show."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _script(path: str):
-    """The script ``REPO/PATH.py`` (``benchmarks/NAME`` or ``probes/NAME``) loaded as a module."""
-    spec = importlib.util.spec_from_file_location(Path(path).name, REPO / f"{path}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +66,7 @@ def _as_run_from_benchmarks(monkeypatch, tmp_path):
 def test_a_bad_option_is_one_error_line(script, argv, named, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # learnability's default data folder is relative
     with pytest.raises(SystemExit) as done:
-        _script(script).main(argv)
+        load_script(script).main(argv)
     assert done.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and named in errors[0]
@@ -97,7 +90,7 @@ def test_learnability_trains_on_crops_and_scores_whole_images(tmp_path, monkeypa
     monkeypatch.setattr("fedmtl.trivial.trivial_metrics", lambda *args: {"sal": 20.0})
     monkeypatch.chdir(tmp_path)
     argv = ["--tasks", "sal", "--size", "32", "--train_size", "16", "--num_train", "8", "--num_val", "4"]
-    code = _script("probes/learnability").main(
+    code = load_script("probes/learnability").main(
         [*argv, "--images", "8", "--epochs", "1", "--lr", "0.01", "--seeds", "0"]
     )
     assert code == 0
@@ -112,7 +105,7 @@ def test_learnability_trains_on_crops_and_scores_whole_images(tmp_path, monkeypa
 def test_a_results_file_names_the_command_commit_date_and_machine(tmp_path, monkeypatch):
     """benchmarks/results/NAME.md starts with what produced its figures, then the figures."""
     monkeypatch.delenv("FEDMTL_RESULTS_DIR")  # the default folder, pointed at tmp_path below
-    results_file = _script("benchmarks/results_file")
+    results_file = load_script("benchmarks/results_file")
     monkeypatch.setattr(results_file, "RESULTS", tmp_path)
     monkeypatch.setattr(results_file, "commit", lambda: "abc1234 + uncommitted changes")
     path = results_file.write("demo", "A title", "| a | b |\n", argv=["benchmarks/x.py", "--out", "my dir"])
@@ -141,7 +134,7 @@ def test_a_changed_record_does_not_make_the_commit_read_as_changed(tmp_path, mon
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
-    results_file = _script("benchmarks/results_file")
+    results_file = load_script("benchmarks/results_file")
     monkeypatch.setattr(results_file, "RESULTS", tmp_path / "benchmarks" / "results")
     monkeypatch.setattr(results_file, "PROBES", tmp_path / "probes" / "results")
     (tmp_path / files[1]).write_text("2\n")
@@ -157,12 +150,12 @@ def test_the_recorded_commit_is_this_checkout_s_head():
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("not a git checkout")
-    assert _script("benchmarks/results_file").commit().split()[0] == head.stdout.strip()
+    assert load_script("benchmarks/results_file").commit().split()[0] == head.stdout.strip()
 
 
 def test_the_results_folder_is_the_one_given_unless_the_variable_names_another(tmp_path, monkeypatch):
     """A probe gives its own folder; FEDMTL_RESULTS_DIR (a trial run, a test) overrides any."""
-    results_file = _script("benchmarks/results_file")
+    results_file = load_script("benchmarks/results_file")
     monkeypatch.setattr(results_file, "commit", lambda: "abc1234")
     monkeypatch.delenv("FEDMTL_RESULTS_DIR")
     probe = tmp_path / "probes" / "results"
@@ -173,7 +166,7 @@ def test_the_results_folder_is_the_one_given_unless_the_variable_names_another(t
 
 
 def test_a_table_head_aligns_the_labels_left_and_the_figures_right():
-    results_file = _script("benchmarks/results_file")
+    results_file = load_script("benchmarks/results_file")
     assert (
         results_file.table_head("size", "nms", "ms", labels=2) == "| size | nms | ms |\n| --- | --- | ---: |"
     )
@@ -186,7 +179,7 @@ def _recorded(tmp_path: Path, name: str) -> list[str]:
 
 
 def test_optimizer_records_its_ratio_table(tmp_path):
-    assert _script("benchmarks/optimizer").main(["--size", "32", "--repeats", "1", "--steps", "1"]) == 0
+    assert load_script("benchmarks/optimizer").main(["--size", "32", "--repeats", "1", "--steps", "1"]) == 0
     lines = _recorded(tmp_path, "optimizer")
     assert lines[0] == "# Training step: fused AdamW against per-tensor AdamW"
     assert [line.split(" | ")[0] for line in lines if line.startswith("| ")][2:] == [
@@ -196,7 +189,7 @@ def test_optimizer_records_its_ratio_table(tmp_path):
 
 
 def test_keep_state_records_both_client_state_sizes(tmp_path):
-    assert _script("benchmarks/keep_state").main(["--size", "32"]) == 0
+    assert load_script("benchmarks/keep_state").main(["--size", "32"]) == 0
     lines = _recorded(tmp_path, "keep_state")
     assert lines[0] == "# Client state with optimizer.keep_state true and false"
     rows = [line.split(" | ") for line in lines if line.startswith("| ")][2:]
@@ -205,7 +198,7 @@ def test_keep_state_records_both_client_state_sizes(tmp_path):
 
 
 def test_feddea_mask_records_each_call_against_the_clone(tmp_path, monkeypatch):
-    script = _script("benchmarks/feddea_mask")
+    script = load_script("benchmarks/feddea_mask")
     monkeypatch.setattr(script, "SHAPES", {"tiny 2 x 1,000": (2, 1000)})
     script.main(["--repeats", "1"])
     rows = [line for line in _recorded(tmp_path, "feddea_mask") if line.startswith("| tiny")]
@@ -216,7 +209,7 @@ def test_feddea_mask_records_each_call_against_the_clone(tmp_path, monkeypatch):
 def test_edge_eval_times_the_reference_kept_with_the_tests(tmp_path, monkeypatch):
     # The script sets OMP_NUM_THREADS for itself when unset; keep that out of later tests.
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    _script("benchmarks/edge_eval").main(["--sizes", "32x32", "--repeats", "1", "--nms", "on"])
+    load_script("benchmarks/edge_eval").main(["--sizes", "32x32", "--repeats", "1", "--nms", "on"])
     rows = [line for line in _recorded(tmp_path, "edge_eval") if line.startswith("| 32x32 ")]
     assert [row.split(" | ")[1:3] for row in rows] == [["blurry", "on"], ["sharp", "on"]]
 
@@ -226,14 +219,14 @@ def test_eval_ratio_records_each_evaluating_round(tmp_path):
     run.mkdir()
     rows = ["round,key,value", "1,time/train,10.0", "2,time/train,8.0", "2,time/eval,2.0"]
     (run / "metrics.csv").write_text("\n".join(rows) + "\n")
-    assert _script("benchmarks/eval_ratio").main([str(run)]) == 0
+    assert load_script("benchmarks/eval_ratio").main([str(run)]) == 0
     lines = _recorded(tmp_path, "eval_ratio")
     assert lines[-1] == "| 2 | 8.0 | 2.0 | 0.25 |"
     assert "Highest: 0.25." in "\n".join(lines)
 
 
 def test_methods_records_one_file_per_part(tmp_path):
-    methods = _script("benchmarks/methods")
+    methods = load_script("benchmarks/methods")
     phases = {"train": 10.0, "exchange": 0.1, "aggregate": 1.0, "write_back": 0.5}
     times = {
         "FedAvg": [{**phases, "round": 11.6, "finish": 0.0}],
@@ -250,7 +243,7 @@ def test_methods_records_one_file_per_part(tmp_path):
 
 
 def test_edge_ceiling_records_its_table(tmp_path):
-    assert _script("probes/edge_ceiling").main(["--sizes", "32", "--num_val", "1"]) == 0
+    assert load_script("probes/edge_ceiling").main(["--sizes", "32", "--num_val", "1"]) == 0
     assert _recorded(tmp_path, "edge_ceiling")[-1].startswith("| 32 | 0.34 | ")
 
 
@@ -268,7 +261,7 @@ def test_edge_ceiling_records_its_table(tmp_path):
 )
 def test_scale_refuses_a_bad_option_before_it_measures_anything(argv, named, tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        _script("benchmarks/scale").main([*argv, "--tmp", str(tmp_path), "--data", str(tmp_path / "d")])
+        load_script("benchmarks/scale").main([*argv, "--tmp", str(tmp_path), "--data", str(tmp_path / "d")])
     assert done.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and named in errors[0]
@@ -278,7 +271,7 @@ def test_scale_refuses_a_bad_option_before_it_measures_anything(argv, named, tmp
 def test_scale_plans_the_issue_s_rows():
     """The default runs: the 12/102/1,002-client rows as before, then the tiny FedAvg rows (2
     images a client, batch 2): 102 clients at participation 1, 10,002 at 0.01."""
-    scale = _script("benchmarks/scale")
+    scale = load_script("benchmarks/scale")
     runs = scale.plan(scale.parse_args([]))
     assert runs[:5] == [
         (4, "FedAvg", 1.0, "disk", None, 8),
@@ -297,7 +290,7 @@ def test_scale_plans_the_issue_s_rows():
 
 def test_scale_sizes_the_tiny_data_two_images_a_client():
     """2R single-task PASCAL-Context clients and R NYUD-v2 clients, 2 images each."""
-    scale = _script("benchmarks/scale")
+    scale = load_script("benchmarks/scale")
     config = scale.probe_config(Path("d"), 3334, "FedAvg", 0.01, images_per_client=2, batch=2)
     synth = config["data"]["synth"]
     assert (synth["pascal_context"]["num_train"], synth["nyud"]["num_train"]) == (13336, 6668)
@@ -315,7 +308,7 @@ def test_scale_measures_the_bytes_a_process_writes(tmp_path):
     import subprocess
     import sys
 
-    scale = _script("benchmarks/scale")
+    scale = load_script("benchmarks/scale")
     target = tmp_path / "out.bin"
     writer = f"open({str(target)!r}, 'wb').write(b'x' * 3_000_000)"
     done = subprocess.run(
@@ -344,7 +337,7 @@ def _scale_run(scale, method, clients, participation, wall, eval_, tiny=False, s
 def test_scale_reports_each_target_as_a_ratio():
     """The targets are lines of the results file with their ratios, met or not (never asserted
     on a real run); the phase times are whichever ``time/*`` the runs logged, in a fixed order."""
-    scale = _script("benchmarks/scale")
+    scale = load_script("benchmarks/scale")
     results = [
         _scale_run(scale, "FedAvg", 12, 1.0, 60, 1.2),
         _scale_run(scale, "FedAvg", 1002, 1.0, 200, 100.2, read_states=3.0),
@@ -381,7 +374,7 @@ def test_scale_reports_each_target_as_a_ratio():
 def test_scale_counts_a_clients_state_files_and_the_row_holding_its_encoder(tmp_path):
     """A client's state: client_N.pt, client_N.optim.pt and, where its encoder was left in its
     trained row, rows_rNNNN_client_N.trained.f32; a pending receipt's other rows are not state."""
-    scale = _script("benchmarks/scale")
+    scale = load_script("benchmarks/scale")
     folder = tmp_path / "checkpoints" / "round_0002"
     folder.mkdir(parents=True)
     for name, size in [
@@ -399,7 +392,7 @@ def test_scale_counts_a_clients_state_files_and_the_row_holding_its_encoder(tmp_
 @pytest.mark.parametrize("out", ["scale", "demo_vs_main/x", "", "../demo_vs_main"])
 def test_demo_vs_main_refuses_an_out_name_that_could_replace_another_results_file(out, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        _script("benchmarks/demo_vs_main").main(
+        load_script("benchmarks/demo_vs_main").main(
             ["--baseline", str(tmp_path), "--tmp", str(tmp_path), "--out", out]
         )
     assert exit_.value.code == 2

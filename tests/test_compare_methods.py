@@ -3,13 +3,13 @@ generates data or runs anything (their results would enter the report under the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from fedmtl.cli import _run_parser
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "benchmark" / "scenario1.yaml"
@@ -17,12 +17,7 @@ CONFIG = REPO / "configs" / "benchmark" / "scenario1.yaml"
 
 @pytest.fixture(scope="module")
 def compare_methods():
-    spec = importlib.util.spec_from_file_location(
-        "compare_methods", REPO / "benchmarks" / "compare_methods.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/compare_methods")
 
 
 def _finished_run(compare_methods, run_dir: Path, method: str, seed: int, *extra: str) -> None:

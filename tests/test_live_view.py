@@ -4,19 +4,12 @@ at any number of clients; logs keep their one line per round."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 from fedmtl.federated import live
-from tests.helpers import tiny_config
+from tests.helpers import load_script, tiny_config
 
-# By its file: Opacus installs a top-level package named `benchmarks` that shadows ours.
-_SPEC = importlib.util.spec_from_file_location(
-    "live_view_screenshot", Path(__file__).resolve().parents[1] / "benchmarks" / "live_view_screenshot.py"
-)
-_SCREENSHOT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_SCREENSHOT)
+_SCREENSHOT = load_script("benchmarks/live_view_screenshot")
 run_in_pty, screen = _SCREENSHOT.run_in_pty, _SCREENSHOT.screen
 
 DATASETS = ("pascal_context", "nyud", "cityscapes")

@@ -3,7 +3,6 @@ plans, its refusals, and the table and figure it builds from (fake) finished run
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -11,19 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "privacy_utility", REPO / "benchmarks" / "privacy_utility.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield load_script("benchmarks/privacy_utility", register=True)  # its dataclasses look it up
+    sys.modules.pop("privacy_utility", None)
 
 
 def test_the_defaults_are_the_benchmark_shape(bench, tmp_path):

@@ -139,9 +139,7 @@ class FedAvg(Method):
             return EncoderMix(encoders["trained"].weighted_sums(weights), mixing, own={"trained": trained})
         means = privacy.weighted_sums(encoders["trained"], weights, list(live), "encoder")
         for g, (key, (sources, _)) in enumerate(live.items()):
-            noise = privacy.noise("encoder", key, means.shape[1], len(sources))
-            if noise is not None:
-                means[g] += noise.to(means.device)
+            means[g] = privacy.add_noise("encoder", key, means[g], len(sources))
         return EncoderMix(means, mixing, own={"trained": trained})
 
     def _group_weights(
@@ -280,8 +278,7 @@ class FedAvg(Method):
             mean = privacy.mean(pool, key, rows.cpu(), sources, weights).to(rows.device, rows.dtype)
         else:
             mean = plain.clone()
-        noise = privacy.noise(pool, key, rows.shape[1], len(sources)) if noisy else None
-        return mean if noise is None else mean + noise.to(mean.device, mean.dtype)
+        return privacy.add_noise(pool, key, mean, len(sources)) if noisy else mean
 
     def _clusters(self, gram: Callable[[], Tensor], participating: list[int]) -> list[list[int]]:
         """MaT-FL's clusters of the participating rows, as row indices, from ``gram()``."""

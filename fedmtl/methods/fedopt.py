@@ -131,9 +131,7 @@ class FedOpt(FedAvg):
             x = privacy.weighted_sums(encoders["prev"], weights, keys, "encoder-start")
             delta = privacy.weighted_sums(encoders["delta"], weights, keys, "encoder")
             for g, (key, sources, _) in enumerate(live):
-                noise = privacy.noise("encoder", key, delta.shape[1], len(sources))
-                if noise is not None:
-                    delta[g] += noise.to(delta.device)
+                delta[g] = privacy.add_noise("encoder", key, delta[g], len(sources))
         stepped = []
         for g, (key, _, _) in enumerate(live):
             name = f"encoders/{key}"  # as the stacked step named it: earlier checkpoints resume

@@ -52,6 +52,12 @@ class ServerPrivacy:
         seed = derive_seed(self.seed, "central-noise", self.round, pool, key)
         return gaussian_noise(numel, self.sum_stddev / members, seed)
 
+    def add_noise(self, pool: str, key: str, mean: Tensor, members: int) -> Tensor:
+        """``mean`` [D] plus its group's :meth:`noise`, in the mean's dtype and on its device
+        (the noise is drawn on the CPU: the same bits wherever the mean lives)."""
+        noise = self.noise(pool, key, mean.numel(), members)
+        return mean if noise is None else mean + noise.to(mean.device, mean.dtype)
+
     def mean(self, pool: str, key: str, rows: Tensor, members: Sequence[int], weights: Tensor) -> Tensor:
         """A group's weighted mean of ``rows`` [m, D] (its members' values, ``weights`` [m]
         summing to 1), as the server learns it: through secure aggregation when it is on

@@ -16,7 +16,8 @@ privacy (its *baseline*):
 The table gives each run's wall time, peak GPU memory, mean training time per round (round 1
 left out: CUDA and cuDNN warm-up), that time over its baseline's, the mean server step time, and
 the run's ε from results.json (δ = 1e-5). A run that fails does not stop the others: its error
-line is in the table. ``--smoke`` (tiny images, 2 rounds) checks the script on a CPU in minutes
+line is in the table. A ``--tmp`` that holds an earlier call's runs is refused before anything
+runs (nothing is removed). ``--smoke`` (tiny images, 2 rounds) checks the script on a CPU in minutes
 (``--accelerator cpu --smoke`` with ``FEDMTL_RESULTS_DIR`` set). Recorded in
 ``benchmarks/results/gpu_privacy.md``; with ``$OUT`` set, copied there too.
 """
@@ -41,6 +42,22 @@ import results_file  # noqa: E402
 NOISE = ["--privacy.noise_multiplier", "1.0", "--privacy.clip", "1.0", "--privacy.delta", "1e-5"]
 
 
+# Central DP with every server-side option on: adaptive clipping, secure aggregation.
+CENTRAL = (
+    "--algorithm",
+    "FedAvg",
+    "--privacy.mode",
+    "central",
+    *NOISE,
+    "--privacy.adaptive_clip.enabled",
+    "true",
+    "--privacy.adaptive_clip.count_stddev",  # above z/2, as adaptive clipping needs
+    "1.0",
+    "--secure_aggregation",
+    "true",
+)
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -51,41 +68,8 @@ class Variant:
 
 VARIANTS = (
     Variant("FedAvg", ("--algorithm", "FedAvg")),
-    Variant(
-        "FedAvg central+secagg",
-        (
-            "--algorithm",
-            "FedAvg",
-            "--privacy.mode",
-            "central",
-            *NOISE,
-            "--privacy.adaptive_clip.enabled",
-            "true",
-            "--privacy.adaptive_clip.count_stddev",  # above z/2, as adaptive clipping needs
-            "1.0",
-            "--secure_aggregation",
-            "true",
-        ),
-        baseline="FedAvg",
-    ),
-    Variant(
-        "FedAvg central+secagg 16-mixed",
-        (
-            "--algorithm",
-            "FedAvg",
-            "--privacy.mode",
-            "central",
-            *NOISE,
-            "--privacy.adaptive_clip.enabled",
-            "true",
-            "--privacy.adaptive_clip.count_stddev",  # above z/2, as adaptive clipping needs
-            "1.0",
-            "--secure_aggregation",
-            "true",
-        ),
-        precision="16-mixed",
-        baseline="FedAvg",
-    ),
+    Variant("FedAvg central+secagg", CENTRAL, baseline="FedAvg"),
+    Variant("FedAvg central+secagg 16-mixed", CENTRAL, precision="16-mixed", baseline="FedAvg"),
     Variant("FedHCA2", ()),
     Variant(
         "FedHCA2 local",
@@ -99,6 +83,11 @@ VARIANTS = (
         baseline="FedAvg group-norm",
     ),
 )
+
+
+def slug(variant: Variant) -> str:
+    """The variant's run directory and file name: letters, digits, '_' and '-' ($OUT returns it)."""
+    return variant.name.replace(" ", "_").replace("+", "-")
 
 
 def demo_options(args: argparse.Namespace, tmp: Path) -> list[str]:
@@ -210,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.tmp.resolve()
     options = demo_options(args, tmp)
     configs = ["configs/demo.yaml"]
+    gpu_rounds.refuse_earlier_runs(parser, tmp, [tmp / "privacy" / slug(variant) for variant in VARIANTS])
     data = gpu_rounds.prepare_data(gpu_rounds.Scenario("demo", configs, options))
     runs: dict[Variant, gpu_rounds.Run] = {}
     for variant in VARIANTS:
         scenario = gpu_rounds.Scenario(variant.name, configs, [*options, *variant.options])
-        slug = variant.name.replace(" ", "_").replace("+", "-")  # a file name $OUT returns
-        run = gpu_rounds.Run(slug, scenario, variant.precision, tmp / "privacy" / slug)
+        run = gpu_rounds.Run(slug(variant), scenario, variant.precision, tmp / "privacy" / slug(variant))
         runs[variant] = run
         gpu_rounds.execute(run)
         gpu_rounds.read_times(run)

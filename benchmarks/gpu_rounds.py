@@ -11,7 +11,8 @@ that torch's peak CUDA memory can be read after each:
    Swin-T at the paper's input sizes on generated data), fp32 and then 16-mixed, over
    ``--rounds-paper`` rounds.
 
-Each run gets a fresh run directory under ``--tmp``; the generated data go there too
+Each run gets a fresh run directory under ``--tmp`` (a ``--tmp`` that holds an earlier call's
+runs is refused before anything runs: nothing is removed); the generated data go there too
 (``--data.root``), written before the first run of each scenario so that no run's wall time
 includes it (the ``data (s)`` column says how long that took). wandb is off. For every run
 the table gives the wall time, the peak GPU memory allocated and reserved by torch, every
@@ -195,9 +196,7 @@ def execute(run: Run) -> None:
     """One ``fedmtl fit`` in this process: wall time, peak memory, status."""
     from fedmtl.cli import main
 
-    if run.run_dir.exists():
-        shutil.rmtree(run.run_dir)
-    run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run.run_dir.parent.mkdir(parents=True, exist_ok=True)  # the run directory is new: refuse_earlier_runs
     gc.collect()
     device = cuda()
     if device is not None:
@@ -241,6 +240,14 @@ def execute(run: Run) -> None:
             else ""
         )
     )
+
+
+def refuse_earlier_runs(parser: argparse.ArgumentParser, tmp: Path, run_dirs: list[Path]) -> None:
+    """Stop, before anything runs, when ``--tmp`` already holds one of the run directories
+    (an earlier call's runs are the user's now: nothing is removed)."""
+    for run_dir in run_dirs:
+        if run_dir.exists():
+            parser.error(f"--tmp {tmp} already holds {run_dir} from an earlier call: give a new --tmp")
 
 
 def read_times(run: Run) -> None:
@@ -417,9 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, lightning {lightning.__version__}, device "
         + (device.get_device_name(0) if device is not None else "none (no CUDA)")
     )
+    chosen = scenarios(args, tmp)
+    refuse_earlier_runs(parser, tmp, [tmp / "runs" / f"{s.name}-{p}" for s in chosen for p in PRECISIONS])
     runs: list[Run] = []
     data: dict[str, str] = {}
-    for scenario in scenarios(args, tmp):
+    for scenario in chosen:
         data[scenario.name] = prepare_data(scenario)
         for precision in PRECISIONS:
             name = f"{scenario.name}-{precision}"

@@ -4,23 +4,20 @@ combinations, the ranges), so that a GPU lease is not spent on a refused config.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_privacy", REPO / "benchmarks" / "gpu_privacy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield load_script("benchmarks/gpu_privacy", register=True)  # its dataclasses look it up
+    sys.modules.pop("gpu_privacy", None)
 
 
 def _checked_config(script, variant, tmp: Path):
@@ -45,19 +42,38 @@ def _checked_config(script, variant, tmp: Path):
 
 def test_every_variant_passes_the_checks_and_has_its_baseline(script, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # configs/demo.yaml, as the script runs it
-    names = [variant.name for variant in script.VARIANTS]
-    assert len(set(names)) == len(names)
-    modes = set()
+    configs = {variant.name: _checked_config(script, variant, tmp_path) for variant in script.VARIANTS}
+    assert len(configs) == len(script.VARIANTS)  # no two variants share a name
+    names = list(configs)
     for variant in script.VARIANTS:
-        cfg = _checked_config(script, variant, tmp_path)
+        cfg = configs[variant.name]
         assert cfg.precision == variant.precision
-        modes.add(cfg.privacy.mode)
         if variant.baseline is None:
             assert cfg.privacy.mode is None and not cfg.secure_aggregation
         else:  # its baseline comes first and differs by the privacy options alone
             assert names.index(variant.baseline) < names.index(variant.name)
             assert cfg.privacy.mode is not None
-            base = _checked_config(script, script.VARIANTS[names.index(variant.baseline)], tmp_path)
+            base = configs[variant.baseline]
             assert type(base.algorithm) is type(cfg.algorithm) and base.model == cfg.model
-    assert modes == {None, "central", "local", "sample"}
+    assert {cfg.privacy.mode for cfg in configs.values()} == {None, "central", "local", "sample"}
     assert not (tmp_path / "run").exists()
+
+
+def test_bad_rounds_and_an_earlier_call_s_runs_are_refused_in_one_line(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the script moves to the checkout; this puts the test's folder back
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--tmp", str(tmp_path), "--rounds", "0", "--accelerator", "cpu"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --rounds must be at least 1")
+    earlier = tmp_path / "privacy" / script.slug(script.VARIANTS[3])
+    earlier.mkdir(parents=True)
+    (earlier / "results.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--tmp", str(tmp_path), "--accelerator", "cpu"])
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.endswith(
+        f"error: --tmp {tmp_path} already holds {earlier} from an earlier call: give a new --tmp"
+    )
+    assert (earlier / "results.json").read_text() == "{}"
+    assert not (tmp_path / "data").exists()  # stopped before generating anything

@@ -32,7 +32,7 @@ from fedmtl.federated.engine import progress_line
 from fedmtl.methods import create_method
 from fedmtl.models import MultiTaskModel
 from fedmtl.tasks import get_task
-from tests.helpers import TINY, fit, tiny_config
+from tests.helpers import TINY, TINY_BACKBONE, fit, tiny_config
 
 ROUNDS = 2
 FLOAT32 = 4  # bytes of one number on the wire
@@ -50,8 +50,8 @@ def hand_count() -> dict[str, dict[str, int]]:
     the FCN decoder (4 linear projections to e channels, a 1x1 fuse convolution of 4e to e, a
     BatchNorm's weight and bias) and the head (two stride-2 transposed 2x2 convolutions halving
     the channels, a 1x1 convolution to the task's outputs), e the encoder's first channels. The
-    encoder (timm's regnetx_002) is its parameters' count; its BatchNorm buffers are left out."""
-    model = MultiTaskModel("nyud", ["semseg"], img_size=(32, 32))
+    encoder (the tiny scenario's) is its parameters' count; its BatchNorm buffers are left out."""
+    model = MultiTaskModel("nyud", ["semseg"], img_size=(32, 32), backbone=TINY_BACKBONE)
     channels = model.encoder.channels
     e = channels[0]
     encoder = sum(p.numel() for p in model.encoder.parameters())

@@ -12,7 +12,7 @@ import torch
 
 from fedmtl.cli import main
 from fedmtl.federated import checkpoint
-from tests.helpers import client_states, fit_in_processes, fit_killed_in_round, tiny_config
+from tests.helpers import TINY_STEM, client_states, fit_in_processes, fit_killed_in_round, tiny_config
 
 
 def _config(tmp_path: Path, data_root: Path, **changes) -> Path:
@@ -40,7 +40,7 @@ def test_local_round_loop_trains_every_client_and_writes_results(tmp_path, data_
     assert results["algorithm"] == "Local" and results["rounds"] == 3
     assert all(math.isfinite(v) for v in _metric_values(results))
     states = _client_states(tmp_path / "run")
-    key = "encoder.body.stem.conv.weight"
+    key = TINY_STEM
     assert not torch.equal(states[0][key], states[1][key]), "Local must not share encoders"
     with open(tmp_path / "run" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

@@ -17,7 +17,7 @@ from fedmtl.aggregation.functional import fedamp_weights, gram_matrix, heuristic
 from fedmtl.methods import ClientContext, create_method
 from fedmtl.methods.base import Penalty
 from fedmtl.methods.fedamp import FedAMP
-from tests.helpers import client_states, fit_each, read_results, round_from_trained
+from tests.helpers import TINY_BACKBONE, TINY_STEM, client_states, fit_each, read_results, round_from_trained
 
 ROUNDS = 2
 ATOL = 5e-7  # the hand values below are given to 6 decimals
@@ -485,7 +485,7 @@ def test_fedamp_trains_differently_from_local_and_from_fedavg(runs):
         for i, (a, b) in enumerate(zip(fedamp, client_states(runs[other]), strict=True)):
             assert a["model"].keys() == b["model"].keys()
             assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), (other, i)
-    key = "encoder.body.stem.conv.weight"
+    key = TINY_STEM
     assert key in fedamp[0]["model"]
     assert not torch.equal(fedamp[0]["model"][key], fedamp[1]["model"][key])
     assert not torch.equal(fedamp[0]["model"][key], fedamp[2]["model"][key])
@@ -514,7 +514,7 @@ def test_stored_clouds_are_the_message_passing_mix_of_the_clients_own_trained_mo
     from fedmtl.models import MultiTaskModel
 
     states = client_states(runs["FedAMP"])
-    model = MultiTaskModel("pascal_context", ("semseg",), img_size=(32, 32))
+    model = MultiTaskModel("pascal_context", ("semseg",), img_size=(32, 32), backbone=TINY_BACKBONE)
     encoder_layout = FlatLayout.from_module(model.encoder)
     decoder_layout = FlatLayout.from_module(model.decoders["semseg"])
 

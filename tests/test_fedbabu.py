@@ -26,7 +26,16 @@ from fedmtl.models.decoder import Head
 from fedmtl.seeds import derive_seed
 from fedmtl.tasks import get_task
 from fedmtl.tensors import parameters_of
-from tests.helpers import client_states, fit, fit_refused, hand_round, recording_training, tiny_config
+from tests.helpers import (
+    TINY_BACKBONE,
+    TINY_STEM,
+    client_states,
+    fit,
+    fit_refused,
+    hand_round,
+    recording_training,
+    tiny_config,
+)
 
 ROUNDS = 2
 FT_EPOCHS = 2
@@ -277,7 +286,7 @@ def _initial_models() -> list[MultiTaskModel]:
     for i, (dataset, tasks) in enumerate(TINY_CLIENTS):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(SEED, "init"))
-            model = MultiTaskModel(dataset, tasks, img_size=(32, 32))
+            model = MultiTaskModel(dataset, tasks, img_size=(32, 32), backbone=TINY_BACKBONE)
         FedBABU().init_client(model, ClientInfo(f"client{i}", dataset, tasks, 6), SEED)
         models.append(model)
     return models
@@ -298,7 +307,7 @@ def test_heads_stay_at_their_initial_values_in_every_round(runs):
             for key in heads:
                 assert torch.equal(state["model"][key], initial[i][key]), (round_, i, key)
             task = TINY_CLIENTS[i][1][0]
-            for key in ("encoder.body.stem.conv.weight", f"decoders.{task}.fuse.weight"):
+            for key in (TINY_STEM, f"decoders.{task}.fuse.weight"):
                 assert not torch.equal(state["model"][key], initial[i][key]), (round_, i, key)
 
 

@@ -8,7 +8,7 @@ import torch
 from fedmtl.methods import create_method
 from fedmtl.models import MultiTaskModel
 from fedmtl.seeds import derive_seed
-from tests.helpers import HAND_DECODERS_TRAINED, client_states, fit, hand_round, tiny_config
+from tests.helpers import HAND_DECODERS_TRAINED, TINY_BACKBONE, client_states, fit, hand_round, tiny_config
 
 
 def test_server_averages_encoders_and_returns_every_decoder_as_trained():
@@ -42,9 +42,11 @@ def test_after_three_rounds_encoders_are_shared_and_single_task_decoders_persona
 
     with torch.random.fork_rng(devices=[]):  # the engine's initial models (engine._initial_state)
         torch.manual_seed(derive_seed(0, "init"))
-        initial_semseg = MultiTaskModel("pascal_context", ("semseg",), img_size=(32, 32))
+        initial_semseg = MultiTaskModel(
+            "pascal_context", ("semseg",), img_size=(32, 32), backbone=TINY_BACKBONE
+        )
         torch.manual_seed(derive_seed(0, "init"))
-        initial_sal = MultiTaskModel("pascal_context", ("sal",), img_size=(32, 32))
+        initial_sal = MultiTaskModel("pascal_context", ("sal",), img_size=(32, 32), backbone=TINY_BACKBONE)
     assert all(
         torch.equal(a, b)
         for a, b in zip(

@@ -17,6 +17,7 @@ from fedmtl.methods.fedsta import FedSTA
 from fedmtl.models import MultiTaskModel
 from tests.helpers import (
     HAND_DECODERS_TRAINED,
+    TINY_BACKBONE,
     TINY_CLIENTS,
     client_states,
     fit,
@@ -155,7 +156,7 @@ def _assert_same_track(a: dict, b: dict, where: object) -> None:
 @functools.cache
 def _encoder_parameter_keys() -> tuple[str, ...]:
     """The encoder's parameters by module structure (its BatchNorm buffers are not among them)."""
-    model = MultiTaskModel("pascal_context", ("semseg",), img_size=(32, 32))
+    model = MultiTaskModel("pascal_context", ("semseg",), img_size=(32, 32), backbone=TINY_BACKBONE)
     return tuple(f"encoder.{name}" for name, _ in model.encoder.named_parameters())
 
 

@@ -125,10 +125,11 @@ def test_the_checkpoint_keeps_trained_states_and_applying_their_receipts_shares_
 
 
 @pytest.fixture(scope="module")
-def disk_rows(tmp_path_factory, data_root):
+def disk_rows(module_dir, data_root):
     """FedHCA2 with its rows in files and its clients on disk, 3 rounds, uninterrupted: its
     receipts name each client's own "delta" row, which checkpoints must carry."""
-    tmp = tmp_path_factory.mktemp("disk_rows")
+    tmp = module_dir / "disk_rows"
+    tmp.mkdir()
     config = tiny_config(
         tmp, data_root, algorithm={"class_path": "FedHCA2"}, store="disk", aggregation="streamed"
     )
@@ -169,10 +170,11 @@ def test_a_run_killed_in_any_phase_resumes_to_the_uninterrupted_runs_results(dis
 
 
 @pytest.fixture(scope="module")
-def encoders_in_rows(tmp_path_factory, data_root):
+def encoders_in_rows(module_dir, data_root):
     """FedAvg (two of three clients a round) with its "trained" rows in files and its clients
     on disk, 3 rounds, uninterrupted: a stored client's encoder stays in its row."""
-    tmp = tmp_path_factory.mktemp("encoders_in_rows")
+    tmp = module_dir / "encoders_in_rows"
+    tmp.mkdir()
     algorithm = {"class_path": "FedAvg", "init_args": {"participation": 0.67}}
     config = tiny_config(tmp, data_root, algorithm=algorithm, store="disk", aggregation="streamed")
     return config, fit(config, tmp / "straight"), tmp

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fedmtl.federated import checkpoint
-from tests.helpers import file_hashes, read_results, refused_keeping, run_cli, tiny_config
+from tests.helpers import TINY_BACKBONE, file_hashes, read_results, refused_keeping, run_cli, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_validate_refuses_an_edited_seed_or_architecture(run_dir, capsys, comman
     _edit_config(run_dir, lambda c: c.update(seed=1, model={**c["model"], "backbone": "resnet18"}))
     (line,) = refused_keeping([command, "--run_dir", str(run_dir)], run_dir, capsys)
     assert f"error: {command}: " in line
-    assert "model.backbone: 'regnetx_002' -> 'resnet18'; seed: 0 -> 1" in line
+    assert f"model.backbone: '{TINY_BACKBONE}' -> 'resnet18'; seed: 0 -> 1" in line
 
 
 # ---------------------------------------------------------------------------- no --config

@@ -30,8 +30,7 @@ def data(tmp_path, data_root) -> Path:
 @pytest.fixture(scope="module")
 def module_dir(tmp_path_factory, request) -> Iterator[Path]:
     """A folder for the runs a test module shares, removed when the module is done unless one
-    of its tests failed. Those runs keep every round's checkpoint (0.1 to 0.7 GB a module):
-    left to the end of the session they added up to 7.5 GB and once filled CI's disk."""
+    of its tests failed: left to the end of the session, modules' runs once filled CI's disk."""
     failed_before = request.session.testsfailed
     path = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
     yield path

@@ -104,8 +104,7 @@ def test_each_part_is_the_mean_over_the_clients_that_hold_it():
 @pytest.fixture(scope="module")
 def runs(module_dir, data_root):
     """The tiny scenario under FedAvg, alone and with a held-out group; and again on 2 devices."""
-    tmp = module_dir / "held_out"
-    tmp.mkdir()
+    tmp = module_dir
     algorithm = {"class_path": "FedAvg"}
     alone = tiny_config(tmp, data_root, name="alone.yaml", rounds=2, algorithm=algorithm)
     with_new = tiny_config(

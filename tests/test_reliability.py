@@ -203,13 +203,12 @@ def test_a_dropped_client_does_not_enter_the_average(tmp_path, data_root):
     config = _diverging(tmp_path, data_root, rounds=1, algorithm={"class_path": "FedAvg"})
     fit(config, tmp_path / "dropped")
     dropped = client_states(tmp_path / "dropped")
-    assert torch.equal(dropped[0]["model"][TINY_STEM],
-                       dropped[1]["model"][TINY_STEM])  # fmt: skip
+    key = TINY_STEM
+    assert torch.equal(dropped[0]["model"][key], dropped[1]["model"][key])
     # The two PASCAL clients' common encoder is the mean of their own trained encoders.
     local = tiny_config(tmp_path, data_root, name="local.yaml", rounds=1)
     fit(local, tmp_path / "local")
     trained = client_states(tmp_path / "local")
-    key = TINY_STEM
     torch.testing.assert_close(
         dropped[0]["model"][key], (trained[0]["model"][key] + trained[1]["model"][key]) / 2
     )
